@@ -1,0 +1,297 @@
+//! Blocking Redis connections: how to open one, and a pool that reuses them.
+//!
+//! A hand-written pool rather than r2d2: r2d2 opens connections on its own worker threads and
+//! reports a failed connect as text, while here a connect runs on the caller's thread under
+//! the caller's time budget and keeps its typed error (refused, timeout, WRONGPASS, ...).
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use redis::ConnectionLike;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Opens connections to one Redis server with the client's timeouts.
+pub(crate) struct Connector {
+    client: redis::Client,
+    connect_timeout: Duration,
+    io_timeout: Duration,
+    /// The URL password, removed from every message.
+    secret: Option<String>,
+    /// The URL with its password replaced, for messages.
+    pub describe: String,
+}
+
+impl Connector {
+    pub fn new(
+        client: redis::Client,
+        connect_timeout: Duration,
+        io_timeout: Duration,
+        describe: String,
+    ) -> Self {
+        let secret = client
+            .get_connection_info()
+            .redis_settings()
+            .password()
+            .map(str::to_owned);
+        Connector {
+            client,
+            connect_timeout,
+            io_timeout,
+            secret,
+            describe,
+        }
+    }
+
+    pub fn io_timeout(&self) -> Duration {
+        self.io_timeout
+    }
+
+    /// Converts a redis crate error, with the password removed.
+    pub fn error(&self, err: &redis::RedisError) -> Error {
+        Error::from_redis(err, self.secret.as_deref())
+    }
+
+    /// Connects within `budget` (capped at the connect timeout), authenticates, selects the
+    /// database, and sets the I/O timeout on the socket.
+    fn connect(&self, budget: Duration) -> Result<redis::Connection> {
+        let timeout = budget
+            .min(self.connect_timeout)
+            .max(Duration::from_millis(1));
+        let conn = self
+            .client
+            .get_connection_with_timeout(timeout)
+            .map_err(|e| {
+                self.error(&e)
+                    .context(&format!("connecting to {}", self.describe))
+            })?;
+        set_timeouts(&conn, self.io_timeout).map_err(|e| self.error(&e))?;
+        Ok(conn)
+    }
+}
+
+fn set_timeouts(conn: &redis::Connection, timeout: Duration) -> redis::RedisResult<()> {
+    conn.set_read_timeout(Some(timeout))?;
+    conn.set_write_timeout(Some(timeout))
+}
+
+/// A pool of blocking connections.
+///
+/// `max_open: None` makes a pool that never waits: when no idle connection is left it opens
+/// another. The renewal threads use such a pool of their own, so callers holding every
+/// connection of the main pool can never starve a renewal.
+pub(crate) struct Pool {
+    pub connector: Connector,
+    max_open: Option<usize>,
+    max_idle: usize,
+    state: Mutex<PoolState>,
+    freed: Condvar,
+}
+
+struct PoolState {
+    idle: Vec<redis::Connection>,
+    /// Connections idle or checked out.
+    open: usize,
+    /// The process the connections belong to; after `fork()` the child starts afresh.
+    pid: u32,
+}
+
+impl Pool {
+    pub fn new(connector: Connector, max_open: Option<usize>, max_idle: usize) -> Self {
+        Pool {
+            connector,
+            max_open,
+            max_idle,
+            state: Mutex::new(PoolState {
+                idle: Vec::new(),
+                open: 0,
+                pid: std::process::id(),
+            }),
+            freed: Condvar::new(),
+        }
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, PoolState> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let pid = std::process::id();
+        if state.pid != pid {
+            // A forked child: the sockets are the parent's. Drop our copies (closing a
+            // descriptor in the child does not affect the parent) and start afresh.
+            state.idle.clear();
+            state.open = 0;
+            state.pid = pid;
+        }
+        state
+    }
+
+    /// Checks out a connection, waiting up to `budget` for a free slot and connecting within
+    /// what is left of it.
+    ///
+    /// Errors: [`ErrorKind::Timeout`] when no slot frees up in time, or the connect error.
+    pub fn get(&self, budget: Duration) -> Result<Conn<'_>> {
+        let deadline = Instant::now() + budget;
+        let mut state = self.lock_state();
+        loop {
+            if let Some(conn) = state.idle.pop() {
+                return Ok(Conn::new(self, conn, true));
+            }
+            if self.max_open.is_none_or(|max| state.open < max) {
+                state.open += 1;
+                drop(state);
+                let left = deadline.saturating_duration_since(Instant::now());
+                return match self.connector.connect(left) {
+                    Ok(conn) => Ok(Conn::new(self, conn, false)),
+                    Err(e) => {
+                        self.forget_one();
+                        Err(e)
+                    }
+                };
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "no connection to {} became free within {budget:?} (pool size {})",
+                        self.connector.describe,
+                        self.max_open.unwrap_or(0)
+                    ),
+                ));
+            }
+            state = self
+                .freed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Checks out a connection only if one is idle or a slot is free (it may still connect).
+    pub fn try_get(&self) -> Option<Result<Conn<'_>>> {
+        let state = self.lock_state();
+        let available = !state.idle.is_empty() || self.max_open.is_none_or(|max| state.open < max);
+        drop(state);
+        available.then(|| self.get(self.connector.connect_timeout))
+    }
+
+    /// Runs `f` on a pooled connection, waiting up to `checkout` for one; each reply is
+    /// awaited for the I/O timeout, or `io` when that is shorter.
+    ///
+    /// When a connection taken from the idle list turns out to be dead (the server
+    /// restarted), `f` runs once more on a fresh one, so a restart is invisible to the
+    /// caller. `f` must be safe to repeat.
+    pub fn run<T>(
+        &self,
+        checkout: Duration,
+        io: Option<Duration>,
+        f: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        let attempt = |conn: &mut Conn<'_>| {
+            if let Some(io) = io.filter(|&io| io < self.connector.io_timeout) {
+                conn.set_timeout(io)?;
+            }
+            conn.run(&f)
+        };
+        let mut conn = self.get(checkout)?;
+        match attempt(&mut conn) {
+            Err(e) if conn.reused && e.kind() == ErrorKind::Connection => {
+                drop(conn);
+                log::debug!("retrying on a fresh connection after: {e}");
+                attempt(&mut self.get(checkout)?)
+            }
+            other => other,
+        }
+    }
+
+    fn forget_one(&self) {
+        let mut state = self.lock_state();
+        state.open = state.open.saturating_sub(1);
+        drop(state);
+        self.freed.notify_one();
+    }
+
+    fn put_back(&self, conn: redis::Connection, pid: u32) {
+        let mut state = self.lock_state();
+        if state.pid != pid {
+            return;
+        }
+        if state.idle.len() < self.max_idle {
+            state.idle.push(conn);
+        } else {
+            state.open = state.open.saturating_sub(1);
+        }
+        drop(state);
+        self.freed.notify_one();
+    }
+}
+
+/// A checked-out connection; goes back to the pool on drop unless it broke.
+pub(crate) struct Conn<'a> {
+    pool: &'a Pool,
+    conn: Option<redis::Connection>,
+    /// Taken from the idle list (it may have died while idle).
+    reused: bool,
+    /// An I/O error or timeout left the stream in an unknown state: never reuse it.
+    broken: bool,
+    /// The socket timeouts differ from the pool's and must be restored.
+    custom_timeout: bool,
+    pid: u32,
+}
+
+impl<'a> Conn<'a> {
+    fn new(pool: &'a Pool, conn: redis::Connection, reused: bool) -> Self {
+        Conn {
+            pool,
+            conn: Some(conn),
+            reused,
+            broken: false,
+            custom_timeout: false,
+            pid: std::process::id(),
+        }
+    }
+
+    /// Runs `f` on the connection; any error other than a server reply marks it broken.
+    pub fn run<T>(
+        &mut self,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "connection already returned",
+            ));
+        };
+        f(conn).map_err(|e| {
+            if !matches!(
+                e.kind(),
+                redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+            ) {
+                self.broken = true;
+            }
+            self.pool.connector.error(&e)
+        })
+    }
+
+    /// Sets the read and write timeouts for the calls that follow (restored on return to
+    /// the pool).
+    pub fn set_timeout(&mut self, timeout: Duration) -> Result<()> {
+        self.custom_timeout = true;
+        let timeout = timeout.max(Duration::from_millis(1));
+        self.run(|c| set_timeouts(c, timeout))
+    }
+}
+
+impl Drop for Conn<'_> {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        let restored =
+            !self.custom_timeout || set_timeouts(&conn, self.pool.connector.io_timeout).is_ok();
+        if self.broken || !restored || !conn.is_open() {
+            if self.pid == std::process::id() {
+                self.pool.forget_one();
+            }
+        } else {
+            self.pool.put_back(conn, self.pid);
+        }
+    }
+}

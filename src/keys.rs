@@ -1,0 +1,160 @@
+//! Lock names: validation, and the companion keys that live beside a lock key.
+//!
+//! Companion keys must hash to the lock key's Redis Cluster slot so that every script stays
+//! single-slot. For a lock key `K`:
+//!
+//! - `K` has a hash tag (`{...}` with something inside): companions are `redlease:fence:K`;
+//!   the prefix holds no brace, so the tag is unchanged.
+//! - `K` has no hash tag and no `}`: companions are `redlease:fence:{K}`, whose tag is all of
+//!   `K`, which is what the cluster hashes for `K` itself.
+//! - `K` has no hash tag but contains `}` (such as `a}b` or `x{}y`): no wrapping of `K`
+//!   keeps its slot, so companions are `redlease:fence:{T}K` where `T` is the shortest decimal
+//!   number that hashes to `K`'s slot.
+//!
+//! So every valid name works, on a single server and on a Cluster alike.
+
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+
+/// The longest lock key accepted, in bytes (including the client's key prefix).
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// Number of hash slots of a Redis Cluster.
+const SLOTS: usize = 16384;
+
+/// The lock key and its companions, all in one cluster slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockKeys {
+    /// The key the token is stored under (`SET key token NX PX ttl`).
+    pub lock: String,
+    /// The fencing counter.
+    pub fence: String,
+    /// The wake-up list a release pushes to and waiters block on.
+    pub wake: String,
+}
+
+impl LockKeys {
+    /// Validates `prefix + name` and derives the companion keys.
+    ///
+    /// Errors with [`crate::ErrorKind::InvalidArgument`] for an empty name or a key longer
+    /// than [`MAX_KEY_LEN`].
+    pub fn new(prefix: &str, name: &str) -> Result<Self> {
+        if name.is_empty() {
+            return Err(Error::invalid("the lock name is empty"));
+        }
+        let lock = format!("{prefix}{name}");
+        if lock.len() > MAX_KEY_LEN {
+            return Err(Error::invalid(format!(
+                "the lock key is {} bytes long; the maximum is {MAX_KEY_LEN}",
+                lock.len()
+            )));
+        }
+        let tail = if hash_tag(lock.as_bytes()).is_some() {
+            lock.clone()
+        } else if !lock.contains('}') {
+            format!("{{{lock}}}")
+        } else {
+            format!("{{{}}}{lock}", slot_tag(key_slot(lock.as_bytes())))
+        };
+        Ok(LockKeys {
+            fence: format!("redlease:fence:{tail}"),
+            wake: format!("redlease:wake:{tail}"),
+            lock,
+        })
+    }
+}
+
+/// The hash tag of `key` as Redis Cluster defines it: the bytes between the first `{` and
+/// the first `}` after it, when that is not empty.
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let rest = &key[open + 1..];
+    let close = rest.iter().position(|&b| b == b'}')?;
+    (close > 0).then(|| &rest[..close])
+}
+
+/// The Redis Cluster slot of `key` (CRC16-XMODEM of the hash tag or whole key, mod 16384).
+pub fn key_slot(key: &[u8]) -> u16 {
+    (crc16(hash_tag(key).unwrap_or(key)) as usize % SLOTS) as u16
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The shortest decimal number whose text hashes to `slot`.
+fn slot_tag(slot: u16) -> u32 {
+    static TABLE: OnceLock<Vec<u32>> = OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut table = vec![u32::MAX; SLOTS];
+        let mut missing = SLOTS;
+        let mut n: u32 = 0;
+        while missing > 0 {
+            let s = (crc16(n.to_string().as_bytes()) as usize) % SLOTS;
+            if table[s] == u32::MAX {
+                table[s] = n;
+                missing -= 1;
+            }
+            n += 1;
+        }
+        table
+    });
+    table[usize::from(slot)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc16_matches_the_cluster_spec_example() {
+        // From the Redis Cluster specification: CRC16 of "123456789" is 0x31C3.
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+    }
+
+    #[test]
+    fn every_slot_has_a_tag() {
+        for slot in 0..SLOTS as u16 {
+            assert_eq!(key_slot(slot_tag(slot).to_string().as_bytes()), slot);
+        }
+    }
+
+    #[test]
+    fn companions_share_the_slot_of_the_lock_key() {
+        for name in [
+            "plain",
+            "{tag}x",
+            "a}b",
+            "x{}y",
+            "{}",
+            "}{",
+            "a{b",
+            "{{a}}",
+            "\u{0}\u{1}",
+        ] {
+            let keys = LockKeys::new("", name).unwrap();
+            let slot = key_slot(keys.lock.as_bytes());
+            assert_eq!(key_slot(keys.fence.as_bytes()), slot, "{name}");
+            assert_eq!(key_slot(keys.wake.as_bytes()), slot, "{name}");
+        }
+    }
+
+    #[test]
+    fn rejects_empty_and_overlong_names() {
+        assert!(LockKeys::new("", "").is_err());
+        assert!(LockKeys::new("", &"k".repeat(MAX_KEY_LEN)).is_ok());
+        assert!(LockKeys::new("p:", &"k".repeat(MAX_KEY_LEN - 1)).is_err());
+    }
+}

@@ -1,0 +1,237 @@
+//! The lease of a held lock: its token, its local deadline, and whether it was lost.
+//!
+//! Shared (behind an `Arc`) by the guard and the lock's renewal thread.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::client::ClientInner;
+use crate::connections::Pool;
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::scripts;
+
+/// Why a held lock was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The key no longer held our token when renewing or extending: it expired, was deleted,
+    /// or another owner has it now.
+    NotHeld,
+    /// Redis could not be reached before the lease's local deadline passed.
+    Unreachable,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::NotHeld => "the key no longer holds this lock's token",
+            LostReason::Unreachable => "Redis was unreachable until the lease ran out",
+        })
+    }
+}
+
+/// A function told once when a lock is lost; runs on the renewal thread (or on the thread
+/// whose `extend` found the lock gone), so it must not block for long.
+pub type LostCallback = Arc<dyn Fn(LostReason) + Send + Sync>;
+
+pub(crate) struct Lease {
+    pub client: Arc<ClientInner>,
+    pub keys: LockKeys,
+    pub token: String,
+    pub fencing_token: u64,
+    /// The process that acquired the lock; after `fork()` the child must not touch it.
+    pub pid: u32,
+    on_lost: Option<LostCallback>,
+    state: Mutex<LeaseState>,
+}
+
+struct LeaseState {
+    ttl: Duration,
+    /// Monotonic time by which the lease has surely ended on the server.
+    deadline: Instant,
+    lost: Option<LostReason>,
+    released: bool,
+    subscribers: Vec<Sender<LostReason>>,
+}
+
+/// Safety margin subtracted from a lease for clock drift and the request's flight time
+/// (the Redlock paper's 1 % plus 2 ms).
+pub(crate) fn local_deadline(sent_at: Instant, ttl: Duration) -> Instant {
+    sent_at + ttl - (ttl / 100 + Duration::from_millis(2)).min(ttl)
+}
+
+impl Lease {
+    pub fn new(
+        client: Arc<ClientInner>,
+        keys: LockKeys,
+        token: String,
+        fencing_token: u64,
+        ttl: Duration,
+        sent_at: Instant,
+        on_lost: Option<LostCallback>,
+    ) -> Self {
+        Lease {
+            client,
+            keys,
+            token,
+            fencing_token,
+            pid: std::process::id(),
+            on_lost,
+            state: Mutex::new(LeaseState {
+                ttl,
+                deadline: local_deadline(sent_at, ttl),
+                lost: None,
+                released: false,
+                subscribers: Vec::new(),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, LeaseState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.state().ttl
+    }
+
+    pub fn deadline(&self) -> Instant {
+        self.state().deadline
+    }
+
+    pub fn lost(&self) -> Option<LostReason> {
+        self.state().lost
+    }
+
+    /// Not released, not lost, and the local deadline not passed.
+    pub fn is_held(&self) -> bool {
+        let s = self.state();
+        !s.released && s.lost.is_none() && Instant::now() < s.deadline
+    }
+
+    pub fn remaining(&self) -> Duration {
+        let s = self.state();
+        if s.released || s.lost.is_some() {
+            return Duration::ZERO;
+        }
+        s.deadline.saturating_duration_since(Instant::now())
+    }
+
+    pub fn mark_released(&self) {
+        let mut s = self.state();
+        s.released = true;
+        s.subscribers.clear();
+    }
+
+    /// A receiver that gets the reason once if the lock is lost. It is disconnected when
+    /// the lock is released.
+    pub fn subscribe(&self) -> Receiver<LostReason> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut s = self.state();
+        match s.lost {
+            Some(reason) => {
+                let _ = tx.try_send(reason);
+            }
+            None if !s.released => s.subscribers.push(tx),
+            None => {}
+        }
+        rx
+    }
+
+    /// Records the loss once: tells every subscriber, then runs the callback.
+    pub fn mark_lost(&self, reason: LostReason) {
+        let subscribers = {
+            let mut s = self.state();
+            if s.lost.is_some() || s.released {
+                return;
+            }
+            s.lost = Some(reason);
+            std::mem::take(&mut s.subscribers)
+        };
+        log::warn!("lock {:?} lost: {reason}", self.keys.lock);
+        for tx in subscribers {
+            let _ = tx.try_send(reason);
+        }
+        if let Some(callback) = &self.on_lost {
+            callback(reason);
+        }
+    }
+
+    /// Fails unless called from the process that acquired the lock.
+    pub fn check_process(&self) -> Result<()> {
+        if self.pid == std::process::id() {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::Internal,
+                format!(
+                    "lock {:?} belongs to process {}; a forked child cannot use it",
+                    self.keys.lock, self.pid
+                ),
+            ))
+        }
+    }
+
+    /// Sends the token-checked extend through `pool` within `budget`. On success the ttl
+    /// and local deadline are updated; `Ok(false)` means the key no longer held the token
+    /// (the loss is recorded).
+    pub fn extend_on(&self, pool: &Pool, ttl: Duration, budget: Duration) -> Result<bool> {
+        let ttl_ms = ttl_millis(ttl)?;
+        let sent_at = Instant::now();
+        let extended: i64 = pool.run(budget, Some(budget), |c| {
+            scripts::EXTEND
+                .key(&self.keys.lock)
+                .arg(&self.token)
+                .arg(ttl_ms)
+                .invoke(c)
+        })?;
+        if extended == 1 {
+            let mut s = self.state();
+            s.ttl = ttl;
+            s.deadline = local_deadline(sent_at, ttl);
+            Ok(true)
+        } else {
+            self.mark_lost(LostReason::NotHeld);
+            Ok(false)
+        }
+    }
+
+    /// Sends the token-checked release. `Ok(false)`: the key no longer held the token.
+    pub fn release_on_server(&self) -> Result<bool> {
+        let client = &self.client;
+        let released: i64 = client.pool.run(client.options.pool_wait, None, |c| {
+            scripts::RELEASE
+                .key(&self.keys.lock)
+                .key(&self.keys.wake)
+                .arg(&self.token)
+                .arg(scripts::WAKE_TTL_MS)
+                .invoke(c)
+        })?;
+        Ok(released == 1)
+    }
+}
+
+/// The largest ttl accepted (about 34 years); also keeps deadlines far from overflow.
+pub const MAX_TTL: Duration = Duration::from_millis(1 << 40);
+
+/// Validates a ttl and converts it to whole milliseconds.
+///
+/// Errors: [`ErrorKind::InvalidArgument`] for less than 1 ms (a ttl of 0 would make
+/// `PEXPIRE` delete the key) or more than [`MAX_TTL`].
+pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64> {
+    if ttl < Duration::from_millis(1) {
+        return Err(Error::invalid(format!(
+            "the ttl must be at least 1 ms, got {ttl:?}"
+        )));
+    }
+    if ttl > MAX_TTL {
+        return Err(Error::invalid(format!(
+            "the ttl of {ttl:?} is over the maximum of {MAX_TTL:?}"
+        )));
+    }
+    Ok(ttl.as_millis() as u64)
+}

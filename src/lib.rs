@@ -1,0 +1,48 @@
+//! redlease: a distributed lock over Redis, for programs made of plain threads.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! fn main() -> redlease::Result<()> {
+//!     let client = redlease::Client::open("redis://127.0.0.1:6379/0")?;
+//!     let guard = client
+//!         .lock("order:1001")
+//!         .ttl(Duration::from_secs(30))
+//!         .acquire_timeout(Duration::from_secs(5))?;
+//!     println!("holding with fencing token {}", guard.fencing_token());
+//!     // ... the critical section ...
+//!     guard.release()?; // Err(NotHeld) if the lease had ended meanwhile
+//!     Ok(())
+//! }
+//! ```
+//!
+//! - **Acquire** is one atomic `SET key token NX PX ttl` (in a script that also draws the
+//!   next fencing token), with a fresh random token per acquisition.
+//! - **Release** and **extend** act only while the key still holds that token, so a holder
+//!   whose lease ended can never delete or extend the next holder's lock.
+//! - **Renewal**: each lock gets its own thread that renews every ttl/3 and reports a loss
+//!   through [`LockGuard::lost`] and an optional callback.
+//! - **Waiting** blocks on the server for a release signal, with exponential backoff and
+//!   jitter as the fallback; never past the caller's deadline.
+//! - **Fencing tokens** increase strictly per lock name, also across a Redis restart that
+//!   lost the data. A lease cannot protect a resource from a paused holder; a resource that
+//!   rejects stale fencing tokens can.
+//!
+//! Every call that talks to Redis blocks the calling thread for at most its timeouts
+//! ([`ClientOptions`]); nothing here needs an async runtime.
+
+mod client;
+mod connections;
+mod error;
+mod keys;
+mod lease;
+mod lock;
+mod renewal;
+mod scripts;
+mod waiting;
+
+pub use client::{Client, ClientOptions};
+pub use error::{Error, ErrorKind, Result};
+pub use keys::{MAX_KEY_LEN, key_slot};
+pub use lease::{LostCallback, LostReason, MAX_TTL};
+pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard};

@@ -1,0 +1,281 @@
+//! Acquiring a lock ([`LockBuilder`]) and holding it ([`LockGuard`]).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+
+use crate::client::Client;
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::lease::{Lease, LostCallback, LostReason, ttl_millis};
+use crate::renewal::Renewal;
+use crate::scripts;
+use crate::waiting::{self, Backoff, Wait};
+
+/// The ttl used when none is given.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// Describes a lock to acquire; made by [`Client::lock`].
+///
+/// Defaults: ttl [`DEFAULT_TTL`], renewal on, no lost-lock callback.
+#[must_use = "a LockBuilder does nothing until one of its acquire methods is called"]
+pub struct LockBuilder<'a> {
+    client: &'a Client,
+    name: &'a str,
+    ttl: Duration,
+    renew: bool,
+    on_lost: Option<LostCallback>,
+}
+
+impl<'a> LockBuilder<'a> {
+    pub(crate) fn new(client: &'a Client, name: &'a str) -> Self {
+        LockBuilder {
+            client,
+            name,
+            ttl: DEFAULT_TTL,
+            renew: true,
+            on_lost: None,
+        }
+    }
+
+    /// The lease: how long the lock outlives a holder that stops renewing (crashes, pauses,
+    /// loses the network). Whole milliseconds, at least 1 ms.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Whether a renewal thread extends the lease every ttl/3 while the lock is held
+    /// (default `true`). With `false` the lease is fixed: it ends after the ttl unless
+    /// [`LockGuard::extend`] is called.
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// A function called once if the lock is lost, on the renewal thread.
+    pub fn on_lost(mut self, callback: impl Fn(LostReason) + Send + Sync + 'static) -> Self {
+        self.on_lost = Some(Arc::new(callback));
+        self
+    }
+
+    /// Tries once, without waiting.
+    ///
+    /// Errors: [`ErrorKind::Busy`] when another owner holds the lock; connection, timeout,
+    /// server and invalid-argument errors as their kinds say.
+    pub fn try_acquire(self) -> Result<LockGuard> {
+        self.acquire_with(Wait::No)
+    }
+
+    /// Waits up to `wait` for the lock. Blocks the calling thread; a zero `wait` tries once.
+    ///
+    /// Errors: [`ErrorKind::Busy`] when the wait ended while another owner held the lock;
+    /// [`ErrorKind::InvalidArgument`] when `wait` overflows the clock.
+    pub fn acquire_timeout(self, wait: Duration) -> Result<LockGuard> {
+        let wait = Wait::up_to(wait)?;
+        self.acquire_with(wait)
+    }
+
+    /// Waits as long as it takes. Blocks the calling thread; returns early only on an error
+    /// (for example when Redis cannot be reached).
+    pub fn acquire(self) -> Result<LockGuard> {
+        self.acquire_with(Wait::Forever)
+    }
+
+    pub(crate) fn acquire_with(self, wait: Wait) -> Result<LockGuard> {
+        let inner = &self.client.inner;
+        let ttl_ms = ttl_millis(self.ttl)?;
+        let ttl = Duration::from_millis(ttl_ms);
+        let keys = LockKeys::new(&inner.options.key_prefix, self.name)?;
+        let token = format!("{}:{}", uuid::Uuid::new_v4(), inner.owner_label);
+        let mut backoff = Backoff::new();
+        loop {
+            let sent_at = Instant::now();
+            let (granted, value): (i64, i64) =
+                inner.pool.run(inner.options.pool_wait, None, |c| {
+                    scripts::ACQUIRE
+                        .key(&keys.lock)
+                        .key(&keys.fence)
+                        .arg(&token)
+                        .arg(ttl_ms)
+                        .arg(scripts::FENCE_IDLE_MS)
+                        .invoke(c)
+                })?;
+            if granted == 1 {
+                let fencing_token = u64::try_from(value).map_err(|_| {
+                    Error::new(ErrorKind::Server, format!("bad fencing token {value}"))
+                })?;
+                let lease = Lease::new(
+                    inner.clone(),
+                    keys,
+                    token,
+                    fencing_token,
+                    ttl,
+                    sent_at,
+                    self.on_lost,
+                );
+                return LockGuard::start(lease, self.renew);
+            }
+            if !waiting::pause(&inner.pool, &keys.wake, wait, &mut backoff, value)? {
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!("lock {:?} is held by another owner", keys.lock),
+                ));
+            }
+        }
+    }
+}
+
+/// A held lock. Dropping it releases the lock (best effort; errors are logged).
+///
+/// The guard may move between threads and be shared by reference. Pass
+/// [`fencing_token`](Self::fencing_token) to the resource you protect: a lease alone cannot
+/// stop a holder that paused past its ttl, a resource that rejects stale tokens can.
+#[must_use = "if unused the lock is released at once"]
+pub struct LockGuard {
+    lease: Arc<Lease>,
+    renewal: Option<Renewal>,
+    released: bool,
+}
+
+impl LockGuard {
+    fn start(lease: Lease, renew: bool) -> Result<LockGuard> {
+        let lease = Arc::new(lease);
+        let mut guard = LockGuard {
+            lease: lease.clone(),
+            renewal: None,
+            released: false,
+        };
+        if renew {
+            // On failure the guard drops here and releases the lock it just took.
+            guard.renewal = Some(Renewal::start(lease)?);
+        }
+        Ok(guard)
+    }
+
+    /// The lock key (the client's prefix plus the name).
+    pub fn key(&self) -> &str {
+        &self.lease.keys.lock
+    }
+
+    /// The token stored under the key while this guard holds it (`redis-cli GET key`).
+    pub fn token(&self) -> &str {
+        &self.lease.token
+    }
+
+    /// The fencing token of this acquisition: larger than that of every earlier
+    /// acquisition of the same name.
+    pub fn fencing_token(&self) -> u64 {
+        self.lease.fencing_token
+    }
+
+    /// The local view: not released, not lost, and the lease's local deadline not passed.
+    /// Sends nothing to Redis.
+    pub fn is_held(&self) -> bool {
+        self.lease.is_held()
+    }
+
+    /// How much of the lease is left by the local clock (minus a drift allowance); zero once
+    /// lost or released.
+    pub fn remaining(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.lease.lost()
+    }
+
+    /// A channel that receives the reason once if the lock is lost; use it in
+    /// `crossbeam_channel::select!`. It disconnects without a message when the lock is
+    /// released. Only renewal and [`extend`](Self::extend) detect a loss.
+    pub fn lost(&self) -> Receiver<LostReason> {
+        self.lease.subscribe()
+    }
+
+    /// Sets the lease to `ttl` from now, if the key still holds this lock's token.
+    /// Blocking: one round trip, bounded by the I/O timeout. The renewal thread, if any,
+    /// renews with the new ttl from then on.
+    ///
+    /// Errors: [`ErrorKind::NotHeld`] when the lock was lost (also marked lost);
+    /// [`ErrorKind::InvalidArgument`] for a ttl under 1 ms.
+    pub fn extend(&self, ttl: Duration) -> Result<()> {
+        let ttl = Duration::from_millis(ttl_millis(ttl)?);
+        self.lease.check_process()?;
+        if self.released {
+            return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
+        }
+        let client = &self.lease.client;
+        if self
+            .lease
+            .extend_on(&client.pool, ttl, client.options.pool_wait)?
+        {
+            Ok(())
+        } else {
+            Err(self.not_held())
+        }
+    }
+
+    /// Stops renewal, then releases the lock if the key still holds this lock's token.
+    /// Blocking: one round trip, bounded by the I/O timeout.
+    ///
+    /// Errors: [`ErrorKind::NotHeld`] when the key no longer held the token (the lease had
+    /// ended: part of the critical section ran unprotected); connection and timeout errors
+    /// when Redis could not be told (the lock then expires after its ttl).
+    pub fn release(mut self) -> Result<()> {
+        self.release_inner()
+    }
+
+    fn release_inner(&mut self) -> Result<()> {
+        if self.released {
+            return Ok(());
+        }
+        self.released = true;
+        if let Err(e) = self.lease.check_process() {
+            if let Some(renewal) = self.renewal.take() {
+                renewal.abandon();
+            }
+            return Err(e);
+        }
+        if let Some(renewal) = self.renewal.take() {
+            renewal.stop();
+        }
+        self.lease.mark_released();
+        if self.lease.release_on_server()? {
+            Ok(())
+        } else {
+            Err(self.not_held())
+        }
+    }
+
+    fn not_held(&self) -> Error {
+        Error::new(
+            ErrorKind::NotHeld,
+            format!(
+                "lock {:?} no longer held this token (the lease had ended or another owner took it)",
+                self.lease.keys.lock
+            ),
+        )
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Err(e) = self.release_inner() {
+            log::warn!("releasing lock {:?} on drop: {e}", self.lease.keys.lock);
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.key())
+            .field("token", &self.token())
+            .field("fencing_token", &self.fencing_token())
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
