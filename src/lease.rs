@@ -142,7 +142,7 @@ impl Lease {
         rx
     }
 
-    /// Records the loss once: tells every subscriber, then runs the callback.
+    /// Records the loss once: runs the callback, then tells every subscriber.
     pub fn mark_lost(&self, reason: LostReason) {
         let subscribers = {
             let mut s = self.state();
@@ -153,11 +153,11 @@ impl Lease {
             std::mem::take(&mut s.subscribers)
         };
         log::warn!("lock {:?} lost: {reason}", self.keys.lock);
-        for tx in subscribers {
-            let _ = tx.try_send(reason);
-        }
         if let Some(callback) = &self.on_lost {
             callback(reason);
+        }
+        for tx in subscribers {
+            let _ = tx.try_send(reason);
         }
     }
 

@@ -1,0 +1,550 @@
+//! The lock's behaviour against a real redis-server: acquire, release, waiting, mutual
+//! exclusion, fencing, scripts, keys, and bad input.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redlease::{Client, ClientOptions, ErrorKind};
+use support::{RedisServer, eventually};
+
+fn client(server: &RedisServer) -> Client {
+    Client::open(&server.url()).expect("client")
+}
+
+#[test]
+fn acquire_stores_the_token_with_the_ttl_and_release_deletes_it() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let guard = client
+        .lock("order:1001")
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .unwrap();
+    let stored: String = server.cmd(&["GET", "order:1001"]);
+    assert_eq!(stored, guard.token());
+    assert!(
+        guard.token().len() > 36,
+        "uuid plus owner label: {}",
+        guard.token()
+    );
+    let pttl: i64 = server.cmd(&["PTTL", "order:1001"]);
+    assert!(pttl > 0 && pttl <= 10_000, "pttl {pttl}");
+    assert!(guard.is_held());
+    assert!(client.is_locked("order:1001").unwrap());
+    guard.release().unwrap();
+    let exists: bool = server.cmd(&["EXISTS", "order:1001"]);
+    assert!(!exists);
+    assert!(!client.is_locked("order:1001").unwrap());
+}
+
+#[test]
+fn every_acquisition_gets_a_fresh_token() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let mut tokens = BTreeSet::new();
+    for _ in 0..20 {
+        let guard = client.lock("fresh").try_acquire().unwrap();
+        assert!(tokens.insert(guard.token().to_owned()));
+        guard.release().unwrap();
+    }
+}
+
+#[test]
+fn a_held_lock_is_busy_for_others_until_released() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let guard = client.lock("busy").try_acquire().unwrap();
+    let err = client.lock("busy").try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+    let started = Instant::now();
+    let err = client
+        .lock("busy")
+        .acquire_timeout(Duration::from_millis(300))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Busy);
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "gave up before its deadline"
+    );
+    guard.release().unwrap();
+    client
+        .lock("busy")
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+}
+
+#[test]
+fn release_after_expiry_does_not_delete_next_holder() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let a = client
+        .lock("timeline")
+        .ttl(Duration::from_millis(200))
+        .renew(false)
+        .try_acquire()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(5), || {
+        !server.cmd::<bool>(&["EXISTS", "timeline"])
+    }));
+    assert!(!a.is_held(), "the local view must see the lease ended");
+    let b = client
+        .lock("timeline")
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .unwrap();
+    let pttl_before: i64 = server.cmd(&["PTTL", "timeline"]);
+
+    let err = a.extend(Duration::from_millis(100)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    let err = a.release().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+
+    let stored: String = server.cmd(&["GET", "timeline"]);
+    assert_eq!(stored, b.token());
+    let pttl_after: i64 = server.cmd(&["PTTL", "timeline"]);
+    assert!(
+        pttl_after > 50_000 && pttl_after <= pttl_before,
+        "B's ttl was changed: {pttl_before} -> {pttl_after}"
+    );
+    assert!(b.fencing_token() > 0);
+    b.release().unwrap();
+}
+
+#[test]
+fn dropping_the_guard_releases_the_lock() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    {
+        let _guard = client.lock("dropped").try_acquire().unwrap();
+        assert!(server.cmd::<bool>(&["EXISTS", "dropped"]));
+    }
+    assert!(!server.cmd::<bool>(&["EXISTS", "dropped"]));
+}
+
+#[test]
+fn a_waiter_is_woken_by_the_release() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let holder = client.lock("wake").try_acquire().unwrap();
+    let first = holder.fencing_token();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let g = client
+                .lock("wake")
+                .acquire_timeout(Duration::from_secs(20))
+                .unwrap();
+            g.fencing_token()
+        })
+    };
+    // Let the waiter block on the server, then release.
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") > 0));
+    holder.release().unwrap();
+    let second = waiter.join().unwrap();
+    assert!(second > first);
+}
+
+#[test]
+fn a_waiter_gets_the_lock_when_a_crashed_holder_expires() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let crashed = client
+        .lock("crash")
+        .ttl(Duration::from_millis(300))
+        .renew(false)
+        .try_acquire()
+        .unwrap();
+    std::mem::forget(crashed); // a holder that dies without releasing
+    let guard = client
+        .lock("crash")
+        .acquire_timeout(Duration::from_secs(10))
+        .unwrap();
+    assert!(guard.is_held());
+}
+
+#[test]
+fn eight_threads_keep_a_non_atomic_counter_exact() {
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 500;
+    let server = RedisServer::start();
+    let client = client(&server);
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let client = client.clone();
+            let fences = fences.clone();
+            let mut conn = server.conn();
+            std::thread::spawn(move || {
+                for _ in 0..ROUNDS {
+                    let guard = client
+                        .lock("counter-lock")
+                        .ttl(Duration::from_secs(10))
+                        .acquire_timeout(Duration::from_secs(60))
+                        .unwrap();
+                    // Read, pause, write: loses updates unless the lock excludes.
+                    let n: i64 = redis::cmd("GET")
+                        .arg("counter")
+                        .query::<Option<i64>>(&mut conn)
+                        .unwrap()
+                        .unwrap_or(0);
+                    std::thread::yield_now();
+                    redis::cmd("SET")
+                        .arg("counter")
+                        .arg(n + 1)
+                        .query::<()>(&mut conn)
+                        .unwrap();
+                    fences.lock().unwrap().push(guard.fencing_token());
+                    guard.release().unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let count: i64 = server.cmd(&["GET", "counter"]);
+    assert_eq!(count, (THREADS * ROUNDS) as i64);
+    let fences = fences.lock().unwrap();
+    assert_eq!(fences.len(), THREADS * ROUNDS);
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens not strictly increasing in the order of critical sections"
+    );
+}
+
+#[test]
+fn script_flush_between_calls_changes_nothing() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let guard = client.lock("flush").renew(false).try_acquire().unwrap();
+    server.cmd::<()>(&["SCRIPT", "FLUSH"]);
+    guard.extend(Duration::from_secs(5)).unwrap();
+    server.cmd::<()>(&["SCRIPT", "FLUSH"]);
+    guard.release().unwrap();
+    server.cmd::<()>(&["SCRIPT", "FLUSH"]);
+    client
+        .lock("flush")
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+    assert!(
+        server.calls("script|load") >= 3,
+        "the NOSCRIPT fallback was not exercised"
+    );
+}
+
+#[test]
+fn fencing_tokens_strictly_increase_per_name() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let mut last = 0;
+    for _ in 0..50 {
+        let guard = client.lock("fenced").try_acquire().unwrap();
+        assert!(guard.fencing_token() > last);
+        last = guard.fencing_token();
+        guard.release().unwrap();
+    }
+}
+
+/// Lock names whose companion keys are hard to keep in the lock key's slot.
+const ADVERSARIAL_NAMES: &[&str] = &[
+    "plain",
+    "{user:42}:job",
+    "{}",
+    "{}x",
+    "x{}y",
+    "a}b",
+    "}{",
+    "a{b",
+    "{{nested}}",
+    "{a{b}c}",
+    "{}{real}",
+    "}",
+    "{",
+    "\u{0}\u{1}\u{7f}binary\u{ff}",
+    "é{ü}",
+];
+
+#[test]
+fn companion_keys_hash_to_the_lock_key_slot_on_a_real_cluster() {
+    let server = RedisServer::start();
+    let cluster_dir = tempfile::tempdir().unwrap();
+    let conf = cluster_dir.path().join("nodes.conf");
+    let cluster = RedisServer::start_with(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        conf.to_str().unwrap(),
+    ]);
+    let client = client(&server);
+    let mut cluster_conn = cluster.conn();
+    for name in ADVERSARIAL_NAMES {
+        server.cmd::<()>(&["FLUSHALL"]);
+        client.lock(name).try_acquire().unwrap().release().unwrap();
+        // The release leaves the wake key; the acquire left the fence key.
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg("*")
+            .query(&mut server.conn())
+            .unwrap();
+        assert_eq!(keys.len(), 2, "{name:?}: {keys:?}");
+        let lock_slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(name.as_bytes())
+            .query(&mut cluster_conn)
+            .unwrap();
+        for key in keys {
+            let slot: i64 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(&key)
+                .query(&mut cluster_conn)
+                .unwrap();
+            assert_eq!(
+                slot,
+                lock_slot,
+                "{name:?}: {}",
+                String::from_utf8_lossy(&key)
+            );
+            assert_eq!(slot, i64::from(redlease::key_slot(&key)));
+        }
+    }
+}
+
+#[test]
+fn invalid_input_is_rejected_before_anything_is_sent() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let long = "k".repeat(redlease::MAX_KEY_LEN + 1);
+    let cases: Vec<(&str, redlease::Result<redlease::LockGuard>)> = vec![
+        ("empty name", client.lock("").try_acquire()),
+        ("long name", client.lock(&long).try_acquire()),
+        ("ttl 0", client.lock("k").ttl(Duration::ZERO).try_acquire()),
+        (
+            "ttl under 1 ms",
+            client
+                .lock("k")
+                .ttl(Duration::from_micros(999))
+                .try_acquire(),
+        ),
+        (
+            "ttl too long",
+            client.lock("k").ttl(Duration::MAX).try_acquire(),
+        ),
+        (
+            "wait overflow",
+            client.lock("k").acquire_timeout(Duration::MAX),
+        ),
+    ];
+    for (what, result) in cases {
+        let err = result.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{what}: {err}");
+    }
+    let scripts_sent = server.calls("evalsha") + server.calls("eval") + server.calls("script|load");
+    assert_eq!(scripts_sent, 0, "a rejected call sent a script");
+    assert!(!server.cmd::<bool>(&["EXISTS", "k"]));
+
+    let guard = client.lock("held").renew(false).try_acquire().unwrap();
+    let sent = server.calls("evalsha");
+    let err = guard.extend(Duration::ZERO).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        server.calls("evalsha"),
+        sent,
+        "a rejected extend sent a script"
+    );
+    assert!(guard.is_held(), "a rejected extend must not touch the lock");
+    guard.release().unwrap();
+
+    for url in [
+        "",
+        "localhost:6379",
+        "http://127.0.0.1:6379",
+        "redis://127.0.0.1:6379/notadb",
+        "redis://",
+        "redis://:pw@[::1",
+    ] {
+        let err = Client::open(url).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{url:?}: {err}");
+    }
+    for options in [
+        ClientOptions::default().io_timeout(Duration::ZERO),
+        ClientOptions::default().connect_timeout(Duration::ZERO),
+        ClientOptions::default().pool_size(0),
+        ClientOptions::default().owner_label("has space"),
+        ClientOptions::default().io_timeout(Duration::MAX),
+    ] {
+        let err = Client::with_options(&server.url(), options).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    }
+}
+
+#[test]
+fn passwords_never_appear_in_errors_or_debug_output() {
+    let server = RedisServer::start_with(&["--requirepass", "s3cret-pw"]);
+    let good = format!("redis://:s3cret-pw@127.0.0.1:{}/0", server.port);
+    let client = Client::open(&good).unwrap();
+    client
+        .lock("auth")
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+    assert!(!format!("{client:?}").contains("s3cret-pw"));
+    assert!(client.url().contains("***"));
+
+    let wrong = format!("redis://:wrong-pw-123@127.0.0.1:{}/0", server.port);
+    let err = Client::open(&wrong)
+        .unwrap()
+        .lock("auth")
+        .try_acquire()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Server, "{err}");
+    assert!(!err.to_string().contains("wrong-pw-123"), "{err}");
+
+    let err = Client::open(&format!(
+        "redis://u:s3cret-pw@127.0.0.1:{}/bad",
+        server.port
+    ))
+    .unwrap_err();
+    assert!(!err.to_string().contains("s3cret-pw"), "{err}");
+
+    let unreachable = format!("redis://:s3cret-pw@127.0.0.1:{}/0", support::free_port());
+    let err = Client::open(&unreachable).unwrap().ping().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Connection, "{err}");
+    assert!(!err.to_string().contains("s3cret-pw"), "{err}");
+
+    let unauthenticated = Client::open(&server.url()).unwrap();
+    let err = unauthenticated.lock("auth").try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Server, "NOAUTH: {err}");
+}
+
+#[test]
+fn acl_users_databases_and_unix_sockets_work() {
+    let server = RedisServer::start_unix();
+    server.cmd::<()>(&["ACL", "SETUSER", "alice", "on", ">alice-pw", "~*", "+@all"]);
+    let url = format!(
+        "redis+unix://{}?db=3&user=alice&pass=alice-pw",
+        server.socket_path().display()
+    );
+    let client = Client::open(&url).unwrap();
+    assert!(!format!("{client:?}").contains("alice-pw"));
+    let guard = client.lock("acl").try_acquire().unwrap();
+    let mut conn = server.conn();
+    redis::cmd("SELECT").arg(3).query::<()>(&mut conn).unwrap();
+    let stored: String = redis::cmd("GET").arg("acl").query(&mut conn).unwrap();
+    assert_eq!(stored, guard.token());
+    guard.release().unwrap();
+}
+
+#[test]
+fn key_prefix_and_owner_label_shape_key_and_token() {
+    let server = RedisServer::start();
+    let options = ClientOptions::default()
+        .key_prefix("app:")
+        .owner_label("worker-7");
+    let client = Client::with_options(&server.url(), options).unwrap();
+    let guard = client.lock("job").try_acquire().unwrap();
+    assert_eq!(guard.key(), "app:job");
+    assert!(guard.token().ends_with(":worker-7"));
+    let stored: String = server.cmd(&["GET", "app:job"]);
+    assert_eq!(stored, guard.token());
+}
+
+#[test]
+fn rediss_urls_connect_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    std::fs::write(
+        path("san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    let openssl = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl must be installed for the TLS test");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    let (ca, ca_key, cert, key, csr) = (
+        path("ca.pem"),
+        path("ca.key"),
+        path("cert.pem"),
+        path("key.pem"),
+        path("req.csr"),
+    );
+    openssl(
+        &[
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ]
+        .into_iter()
+        .chain([
+            "-subj",
+            "/CN=redlease-test-ca",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca,
+        ])
+        .collect::<Vec<_>>(),
+    );
+    openssl(
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+        ]
+        .into_iter()
+        .chain(["-keyout", &key, "-out", &csr])
+        .collect::<Vec<_>>(),
+    );
+    openssl(
+        &[
+            "x509", "-req", "-days", "1", "-in", &csr, "-CA", &ca, "-CAkey", &ca_key,
+        ]
+        .into_iter()
+        .chain([
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-extfile",
+            &path("san.ext"),
+        ])
+        .collect::<Vec<_>>(),
+    );
+    let tls_port = support::free_port();
+    let tls_port_text = tls_port.to_string();
+    let server = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port_text,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let pem = std::fs::read(&ca).unwrap();
+    let url = format!("rediss://127.0.0.1:{tls_port}/0");
+    let client = Client::with_options(&url, ClientOptions::default().tls_ca_cert(pem)).unwrap();
+    let guard = client.lock("tls").try_acquire().unwrap();
+    let stored: String = server.cmd(&["GET", "tls"]);
+    assert_eq!(stored, guard.token());
+    guard.release().unwrap();
+
+    // Without the CA the certificate is refused.
+    let err = Client::open(&url).unwrap().ping().unwrap_err();
+    assert!(
+        err.is_unreachable() || err.kind() == ErrorKind::Server,
+        "{err}"
+    );
+}

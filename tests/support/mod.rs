@@ -1,0 +1,255 @@
+//! Test fixture: a real `redis-server` of the test's own, on a free port or a unix socket in
+//! a temporary directory, killed by its pid on drop (its log is printed if the test failed).
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+    args: Vec<String>,
+    unix: bool,
+}
+
+fn server_bin() -> String {
+    std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// A TCP port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
+}
+
+impl RedisServer {
+    /// A server on a free TCP port, without persistence.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        Self::launch(extra, false)
+    }
+
+    /// A server listening only on a unix socket in its temporary directory.
+    pub fn start_unix() -> Self {
+        Self::launch(&[], true)
+    }
+
+    fn launch(extra: &[&str], unix: bool) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir,
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            unix,
+        };
+        server.spawn_on(if unix { 0 } else { free_port() });
+        server
+    }
+
+    fn spawn_on(&mut self, port: u16) {
+        for attempt in 0..5 {
+            let port = if attempt == 0 || self.unix {
+                port
+            } else {
+                free_port()
+            };
+            self.spawn(port);
+            if self.wait_ready() {
+                return;
+            }
+            self.kill();
+            if self.unix {
+                break;
+            }
+        }
+        panic!("redis-server did not start; log:\n{}", self.log());
+    }
+
+    fn spawn(&mut self, port: u16) {
+        let mut cmd = Command::new(server_bin());
+        cmd.arg("--port")
+            .arg(port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log_path());
+        if self.unix {
+            cmd.arg("--unixsocket").arg(self.socket_path());
+        }
+        cmd.args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd.spawn().unwrap_or_else(|e| {
+            panic!("cannot start {}: {e} (install redis-server)", server_bin())
+        });
+        self.child = Some(child);
+        self.port = port;
+    }
+
+    fn wait_ready(&mut self) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                return false;
+            }
+            if let Ok(mut c) = self.try_conn() {
+                // Any answer will do: a server with a password answers NOAUTH.
+                match redis::cmd("PING").query::<String>(&mut c) {
+                    Ok(_) => return true,
+                    Err(e) if e.code().is_some() => return true,
+                    Err(_) => {}
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("server not running").id() as i32
+    }
+
+    /// The URL a client uses.
+    pub fn url(&self) -> String {
+        if self.unix {
+            format!("redis+unix://{}", self.socket_path().display())
+        } else {
+            format!("redis://127.0.0.1:{}/0", self.port)
+        }
+    }
+
+    fn try_conn(&self) -> redis::RedisResult<redis::Connection> {
+        let client = redis::Client::open(self.url())?;
+        let conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        Ok(conn)
+    }
+
+    /// A plain connection of the test's own, for setting up and checking.
+    pub fn conn(&self) -> redis::Connection {
+        self.try_conn().expect("connect to the test server")
+    }
+
+    /// Runs one command on a fresh connection.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut self.conn()).expect("command")
+    }
+
+    /// How many calls of `command` succeeded, from `INFO commandstats` (e.g. "evalsha").
+    /// Failed calls (such as an EVALSHA answered NOSCRIPT) are not counted.
+    pub fn calls(&self, command: &str) -> u64 {
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:");
+        let Some(stats) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+            return 0;
+        };
+        let field = |name: &str| -> u64 {
+            stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        field("calls") - field("failed_calls")
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on the pid of our own child process.
+        let rc = unsafe { libc::kill(self.pid(), signal) };
+        assert_eq!(rc, 0, "kill({signal}) failed");
+    }
+
+    /// SIGSTOP: the server keeps its sockets open but answers nothing.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server and starts a new one on the same port (data is lost: no
+    /// persistence).
+    pub fn restart(&mut self) {
+        self.kill();
+        let port = self.port;
+        let start = Instant::now();
+        loop {
+            self.spawn(port);
+            if self.wait_ready() {
+                return;
+            }
+            self.kill();
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "redis-server did not restart on port {port}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- redis-server log ---\n{}", self.log());
+        }
+        if self.child.is_some() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.resume();
+            }));
+        }
+        self.kill();
+    }
+}
+
+/// Polls `cond` every 5 ms until it holds or `limit` passes; returns whether it held.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    cond()
+}
