@@ -1,0 +1,24 @@
+# Installs what the demo and the tests need when it is missing (Debian/Ubuntu, apt-get).
+# Sourced by examples/demo.sh and tests/all.sh; set REDLEASE_DEPS to the groups wanted.
+need_pkgs=()
+want() { command -v "$1" >/dev/null 2>&1 || need_pkgs+=("$2"); }
+
+want redis-server redis-server
+for group in ${REDLEASE_DEPS:-}; do
+  case "$group" in
+    tls) want openssl openssl ;;
+    c) want cc gcc; want valgrind valgrind; want pkg-config pkg-config ;;
+    python) want python3 python3 ;;
+  esac
+done
+
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "installing: ${need_pkgs[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "please install: ${need_pkgs[*]}" >&2
+    exit 1
+  fi
+  $sudo apt-get update -qq && $sudo apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
