@@ -7,7 +7,7 @@ want redis-server redis-server
 for group in ${REDLEASE_DEPS:-}; do
   case "$group" in
     tls) want openssl openssl ;;
-    c) want cc gcc; want valgrind valgrind; want pkg-config pkg-config ;;
+    c) want cc gcc; want c++ g++; want valgrind valgrind ;;
     python) want python3 python3 ;;
   esac
 done

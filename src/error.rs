@@ -12,7 +12,8 @@ pub enum ErrorKind {
     /// Acquire: the wait ended while another owner held the lock.
     Busy,
     /// Release or extend: the key no longer holds this lock's token (it expired, or another
-    /// owner took it). Any work done since the lease ended ran unprotected.
+    /// owner took it), or the call came from a forked child, which does not hold its
+    /// parent's locks. Any work done since the lease ended ran unprotected.
     NotHeld,
     /// Redis could not be reached, or the connection dropped.
     Connection,
@@ -22,8 +23,8 @@ pub enum ErrorKind {
     Server,
     /// The caller passed something unusable (empty key, ttl 0, bad URL, ...). Nothing was sent.
     InvalidArgument,
-    /// The lock was used from a process it does not belong to (after `fork()`), or an
-    /// internal invariant failed. Nothing was sent.
+    /// An internal invariant failed, or the OS refused a resource (a thread). A bug or an
+    /// exhausted machine.
     Internal,
 }
 

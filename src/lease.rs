@@ -107,10 +107,14 @@ impl Lease {
         self.state().lost
     }
 
-    /// Not released, not lost, and the local deadline not passed.
+    /// Not released, not lost, the local deadline not passed, and this is the process that
+    /// acquired it.
     pub fn is_held(&self) -> bool {
         let s = self.state();
-        !s.released && s.lost.is_none() && Instant::now() < s.deadline
+        !s.released
+            && s.lost.is_none()
+            && Instant::now() < s.deadline
+            && self.pid == std::process::id()
     }
 
     pub fn remaining(&self) -> Duration {
@@ -161,15 +165,16 @@ impl Lease {
         }
     }
 
-    /// Fails unless called from the process that acquired the lock.
+    /// Fails with [`ErrorKind::NotHeld`] unless called from the process that acquired the
+    /// lock: a forked child does not hold its parent's locks and must not touch them.
     pub fn check_process(&self) -> Result<()> {
         if self.pid == std::process::id() {
             Ok(())
         } else {
             Err(Error::new(
-                ErrorKind::Internal,
+                ErrorKind::NotHeld,
                 format!(
-                    "lock {:?} belongs to process {}; a forked child cannot use it",
+                    "lock {:?} is held by process {}, not by this forked child",
                     self.keys.lock, self.pid
                 ),
             ))

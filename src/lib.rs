@@ -34,6 +34,7 @@
 mod client;
 mod connections;
 mod error;
+pub mod ffi;
 mod keys;
 mod lease;
 mod lock;

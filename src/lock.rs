@@ -1,7 +1,8 @@
 //! Acquiring a lock ([`LockBuilder`]) and holding it ([`LockGuard`]).
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -136,23 +137,27 @@ impl<'a> LockBuilder<'a> {
 #[must_use = "if unused the lock is released at once"]
 pub struct LockGuard {
     lease: Arc<Lease>,
-    renewal: Option<Renewal>,
-    released: bool,
+    renewal: Mutex<Option<Renewal>>,
+    released: AtomicBool,
 }
 
 impl LockGuard {
     fn start(lease: Lease, renew: bool) -> Result<LockGuard> {
         let lease = Arc::new(lease);
-        let mut guard = LockGuard {
+        let guard = LockGuard {
             lease: lease.clone(),
-            renewal: None,
-            released: false,
+            renewal: Mutex::new(None),
+            released: AtomicBool::new(false),
         };
         if renew {
             // On failure the guard drops here and releases the lock it just took.
-            guard.renewal = Some(Renewal::start(lease)?);
+            *guard.renewal_slot() = Some(Renewal::start(lease)?);
         }
         Ok(guard)
+    }
+
+    fn renewal_slot(&self) -> std::sync::MutexGuard<'_, Option<Renewal>> {
+        self.renewal.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The lock key (the client's prefix plus the name).
@@ -204,7 +209,7 @@ impl LockGuard {
     pub fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = Duration::from_millis(ttl_millis(ttl)?);
         self.lease.check_process()?;
-        if self.released {
+        if self.released.load(Ordering::SeqCst) {
             return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
         }
         let client = &self.lease.client;
@@ -224,22 +229,25 @@ impl LockGuard {
     /// Errors: [`ErrorKind::NotHeld`] when the key no longer held the token (the lease had
     /// ended: part of the critical section ran unprotected); connection and timeout errors
     /// when Redis could not be told (the lock then expires after its ttl).
-    pub fn release(mut self) -> Result<()> {
-        self.release_inner()
+    pub fn release(self) -> Result<()> {
+        self.release_shared()
     }
 
-    fn release_inner(&mut self) -> Result<()> {
-        if self.released {
+    /// [`release`](Self::release) through a shared reference, for owners that cannot
+    /// consume the guard (the C ABI's handle table). Later calls do nothing and return
+    /// `Ok`; other methods then report the lock as released.
+    pub(crate) fn release_shared(&self) -> Result<()> {
+        if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        self.released = true;
+        let renewal = self.renewal_slot().take();
         if let Err(e) = self.lease.check_process() {
-            if let Some(renewal) = self.renewal.take() {
+            if let Some(renewal) = renewal {
                 renewal.abandon();
             }
             return Err(e);
         }
-        if let Some(renewal) = self.renewal.take() {
+        if let Some(renewal) = renewal {
             renewal.stop();
         }
         self.lease.mark_released();
@@ -263,7 +271,7 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if let Err(e) = self.release_inner() {
+        if let Err(e) = self.release_shared() {
             log::warn!("releasing lock {:?} on drop: {e}", self.lease.keys.lock);
         }
     }

@@ -45,8 +45,14 @@ impl Renewal {
     /// Stops the thread and waits until it has ended, so that no renewal runs afterwards.
     /// Returns at once if the thread is between renewals; otherwise after the renewal in
     /// flight, which is bounded by the lease's remaining validity.
+    ///
+    /// Called from the renewal thread itself (a lost-lock callback that releases the lock),
+    /// it only signals: the thread ends when the callback returns.
     pub fn stop(self) {
         drop(self.stop);
+        if self.thread.thread().id() == std::thread::current().id() {
+            return;
+        }
         if self.thread.join().is_err() {
             log::error!("a renewal thread panicked");
         }

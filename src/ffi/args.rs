@@ -1,0 +1,56 @@
+//! Converting C arguments: strings and output pointers.
+
+use std::ffi::{CStr, c_char};
+
+use super::status::Failure;
+
+/// A NUL-terminated UTF-8 string argument.
+///
+/// # Safety
+/// `ptr` is NULL or points to a NUL-terminated string that outlives `'a`.
+pub(crate) unsafe fn str_arg<'a>(ptr: *const c_char, what: &str) -> Result<&'a str, Failure> {
+    if ptr.is_null() {
+        return Err(Failure::argument(format!("{what} is NULL")));
+    }
+    // SAFETY: non-NULL and NUL-terminated by the caller's contract.
+    unsafe { CStr::from_ptr(ptr) }
+        .to_str()
+        .map_err(|_| Failure::argument(format!("{what} is not valid UTF-8")))
+}
+
+/// As [`str_arg`], but NULL means "not given".
+///
+/// # Safety
+/// As [`str_arg`].
+pub(crate) unsafe fn opt_str_arg<'a>(
+    ptr: *const c_char,
+    what: &str,
+) -> Result<Option<&'a str>, Failure> {
+    if ptr.is_null() {
+        Ok(None)
+    } else {
+        // SAFETY: as the caller promised.
+        unsafe { str_arg(ptr, what) }.map(Some)
+    }
+}
+
+/// An output pointer, checked for NULL up front and written only on success.
+pub(crate) struct Out<T>(*mut T);
+
+impl<T> Out<T> {
+    /// # Safety
+    /// `ptr` is NULL or valid for writing a `T`.
+    pub unsafe fn new(ptr: *mut T, what: &str) -> Result<Self, Failure> {
+        if ptr.is_null() {
+            Err(Failure::argument(format!("{what} is NULL")))
+        } else {
+            Ok(Out(ptr))
+        }
+    }
+
+    pub fn write(self, value: T) {
+        // SAFETY: non-NULL and writable by the contract of `new`; `write` does not read or
+        // drop the old (possibly uninitialised) value.
+        unsafe { self.0.write(value) }
+    }
+}

@@ -1,0 +1,181 @@
+//! Integer handles from a generation-checked table (the idea of ffi-support's HandleMap).
+//!
+//! A handle packs a kind tag, a generation and a slot index. Freeing a slot bumps its
+//! generation, so a stale, double-freed or forged handle is recognised and refused instead
+//! of reaching freed memory. 0 is never a valid handle.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+const INDEX_BITS: u32 = 32;
+const GENERATION_BITS: u32 = 24;
+const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
+
+/// Which table a handle belongs to; a client handle passed as a lock is refused.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    Client = 0xC1,
+    Lock = 0x10,
+}
+
+struct Slot<T> {
+    generation: u64,
+    /// `None` while free or reserved.
+    value: Option<Arc<T>>,
+    reserved: bool,
+}
+
+struct Table<T> {
+    slots: Vec<Slot<T>>,
+    free: Vec<usize>,
+}
+
+/// A table of `Arc<T>` behind integer handles. Thread-safe.
+pub(crate) struct HandleTable<T> {
+    kind: Kind,
+    table: Mutex<Table<T>>,
+}
+
+impl<T> HandleTable<T> {
+    pub const fn new(kind: Kind) -> Self {
+        HandleTable {
+            kind,
+            table: Mutex::new(Table {
+                slots: Vec::new(),
+                free: Vec::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table<T>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn encode(&self, index: usize, generation: u64) -> u64 {
+        ((self.kind as u64) << (INDEX_BITS + GENERATION_BITS))
+            | (generation << INDEX_BITS)
+            | (index as u64 + 1)
+    }
+
+    fn decode(&self, handle: u64) -> Option<(usize, u64)> {
+        if handle >> (INDEX_BITS + GENERATION_BITS) != self.kind as u64 {
+            return None;
+        }
+        let index = (handle & u64::from(u32::MAX)).checked_sub(1)?;
+        let generation = (handle >> INDEX_BITS) & GENERATION_MASK;
+        Some((usize::try_from(index).ok()?, generation))
+    }
+
+    /// Reserves a handle, runs `make` with it (without holding the table's lock), and
+    /// stores the value; frees the handle again if `make` fails.
+    pub fn insert_with<E>(&self, make: impl FnOnce(u64) -> Result<T, E>) -> Result<u64, E> {
+        let (handle, index) = self.reserve();
+        let result = make(handle);
+        let mut t = self.lock();
+        t.slots[index].reserved = false;
+        match result {
+            Ok(value) => {
+                t.slots[index].value = Some(Arc::new(value));
+                Ok(handle)
+            }
+            Err(e) => {
+                Self::retire(&mut t, index);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn insert(&self, value: T) -> u64 {
+        let (handle, index) = self.reserve();
+        let mut t = self.lock();
+        t.slots[index].reserved = false;
+        t.slots[index].value = Some(Arc::new(value));
+        handle
+    }
+
+    fn reserve(&self) -> (u64, usize) {
+        let mut t = self.lock();
+        let index = match t.free.pop() {
+            Some(index) => index,
+            None => {
+                t.slots.push(Slot {
+                    generation: 1,
+                    value: None,
+                    reserved: false,
+                });
+                t.slots.len() - 1
+            }
+        };
+        let slot = &mut t.slots[index];
+        slot.reserved = true;
+        (self.encode(index, slot.generation), index)
+    }
+
+    /// The value behind a live handle.
+    pub fn get(&self, handle: u64) -> Option<Arc<T>> {
+        let (index, generation) = self.decode(handle)?;
+        let t = self.lock();
+        let slot = t.slots.get(index)?;
+        (slot.generation == generation)
+            .then(|| slot.value.clone())
+            .flatten()
+    }
+
+    /// Removes a live handle, returning its value; the handle is invalid from then on.
+    pub fn remove(&self, handle: u64) -> Option<Arc<T>> {
+        let (index, generation) = self.decode(handle)?;
+        let mut t = self.lock();
+        let slot = t.slots.get_mut(index)?;
+        if slot.generation != generation || slot.reserved {
+            return None;
+        }
+        let value = slot.value.take()?;
+        Self::retire(&mut t, index);
+        Some(value)
+    }
+
+    /// Removes every value for which `pred` holds.
+    pub fn remove_where(&self, pred: impl Fn(&T) -> bool) -> Vec<Arc<T>> {
+        let mut t = self.lock();
+        let mut removed = Vec::new();
+        for index in 0..t.slots.len() {
+            if t.slots[index].value.as_deref().is_some_and(&pred) {
+                removed.extend(t.slots[index].value.take());
+                Self::retire(&mut t, index);
+            }
+        }
+        removed
+    }
+
+    fn retire(t: &mut Table<T>, index: usize) {
+        let slot = &mut t.slots[index];
+        slot.generation = (slot.generation % GENERATION_MASK) + 1;
+        t.free.push(index);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_forged_and_foreign_handles_are_refused() {
+        let clients: HandleTable<&str> = HandleTable::new(Kind::Client);
+        let locks: HandleTable<&str> = HandleTable::new(Kind::Lock);
+        let a = clients.insert("a");
+        assert_ne!(a, 0);
+        assert_eq!(clients.get(a).as_deref(), Some(&"a"));
+        assert!(
+            locks.get(a).is_none(),
+            "a client handle is not a lock handle"
+        );
+        assert!(clients.get(0).is_none());
+        assert!(clients.get(a + 1).is_none());
+        assert!(clients.remove(a).is_some());
+        assert!(clients.remove(a).is_none(), "double free");
+        let b = clients.insert("b");
+        assert_ne!(a, b, "a reused slot gets a new generation");
+        assert!(clients.get(a).is_none());
+        assert_eq!(clients.get(b).as_deref(), Some(&"b"));
+    }
+}

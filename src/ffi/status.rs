@@ -1,0 +1,162 @@
+//! Status codes, this thread's last error message, and the panic boundary.
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::error::{Error, ErrorKind};
+
+/// Done.
+pub const LOCK_OK: i32 = 0;
+/// Acquire: the wait ended while another owner held the lock.
+pub const LOCK_BUSY: i32 = 1;
+/// Release or extend: the key no longer holds this lock's token (the lease ended or another
+/// owner took it; or the call came from a forked child).
+pub const LOCK_NOT_HELD: i32 = 2;
+/// A NULL pointer, an empty or over-long key, a ttl of 0, bad UTF-8, a bad URL or option.
+/// Nothing was sent to Redis.
+pub const LOCK_ERR_ARGUMENT: i32 = -1;
+/// An unknown, released or closed handle.
+pub const LOCK_ERR_HANDLE: i32 = -2;
+/// Redis unreachable, connection dropped, or an I/O timeout.
+pub const LOCK_ERR_CONNECTION: i32 = -3;
+/// The server answered with an error (NOAUTH, READONLY, OOM, ...).
+pub const LOCK_ERR_REDIS: i32 = -4;
+/// A bug: a Rust panic caught at the boundary, or the OS refused a thread.
+pub const LOCK_ERR_INTERNAL: i32 = -5;
+
+/// An error on its way to C: a status and a message.
+pub(crate) struct Failure {
+    pub status: i32,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(status: i32, message: impl Into<String>) -> Self {
+        Failure {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn argument(message: impl Into<String>) -> Self {
+        Failure::new(LOCK_ERR_ARGUMENT, message)
+    }
+
+    pub fn handle(what: &str) -> Self {
+        Failure::new(
+            LOCK_ERR_HANDLE,
+            format!("unknown, released or closed {what} handle"),
+        )
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let status = match e.kind() {
+            ErrorKind::Busy => LOCK_BUSY,
+            ErrorKind::NotHeld => LOCK_NOT_HELD,
+            ErrorKind::Connection | ErrorKind::Timeout => LOCK_ERR_CONNECTION,
+            ErrorKind::Server => LOCK_ERR_REDIS,
+            ErrorKind::InvalidArgument => LOCK_ERR_ARGUMENT,
+            _ => LOCK_ERR_INTERNAL,
+        };
+        Failure::new(status, e.to_string())
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(message: &str) {
+    let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
+    // Fails only while the thread is exiting; the message is then of no use anyway.
+    let _ = LAST_ERROR.try_with(|m| *m.borrow_mut() = text);
+}
+
+/// This thread's last message; valid until this thread's next call into the library.
+pub(crate) fn last_error() -> *const c_char {
+    LAST_ERROR
+        .try_with(|m| m.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
+}
+
+/// Runs an exported body: a panic becomes `LOCK_ERR_INTERNAL`, a failure its status, and
+/// the thread's last error message is set (empty on success).
+pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Failure>) -> i32 {
+    let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(Failure::new(
+            LOCK_ERR_INTERNAL,
+            format!("internal error (a bug in redlease): {what}"),
+        ))
+    });
+    match outcome {
+        Ok(()) => {
+            set_last_error("");
+            LOCK_OK
+        }
+        Err(failure) => {
+            set_last_error(&failure.message);
+            failure.status
+        }
+    }
+}
+
+/// The name of a status code, as a static string.
+pub(crate) fn status_name(status: i32) -> &'static CStr {
+    match status {
+        LOCK_OK => c"LOCK_OK",
+        LOCK_BUSY => c"LOCK_BUSY",
+        LOCK_NOT_HELD => c"LOCK_NOT_HELD",
+        LOCK_ERR_ARGUMENT => c"LOCK_ERR_ARGUMENT",
+        LOCK_ERR_HANDLE => c"LOCK_ERR_HANDLE",
+        LOCK_ERR_CONNECTION => c"LOCK_ERR_CONNECTION",
+        LOCK_ERR_REDIS => c"LOCK_ERR_REDIS",
+        LOCK_ERR_INTERNAL => c"LOCK_ERR_INTERNAL",
+        _ => c"LOCK_UNKNOWN_STATUS",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last() -> String {
+        // SAFETY: last_error never returns NULL and points to a NUL-terminated string.
+        unsafe { CStr::from_ptr(last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn a_panic_becomes_an_internal_error_with_a_message() {
+        let status = boundary(|| panic!("boom"));
+        assert_eq!(status, LOCK_ERR_INTERNAL);
+        assert!(last().contains("boom"));
+        assert_eq!(boundary(|| Ok(())), LOCK_OK);
+        assert_eq!(last(), "");
+    }
+
+    #[test]
+    fn error_kinds_map_to_their_status_codes() {
+        let cases = [
+            (ErrorKind::Busy, LOCK_BUSY),
+            (ErrorKind::NotHeld, LOCK_NOT_HELD),
+            (ErrorKind::Connection, LOCK_ERR_CONNECTION),
+            (ErrorKind::Timeout, LOCK_ERR_CONNECTION),
+            (ErrorKind::Server, LOCK_ERR_REDIS),
+            (ErrorKind::InvalidArgument, LOCK_ERR_ARGUMENT),
+            (ErrorKind::Internal, LOCK_ERR_INTERNAL),
+        ];
+        for (kind, status) in cases {
+            assert_eq!(Failure::from(Error::new(kind, "x")).status, status);
+            assert_ne!(status_name(status).to_bytes(), b"LOCK_UNKNOWN_STATUS");
+        }
+    }
+}
