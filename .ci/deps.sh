@@ -8,7 +8,8 @@ for group in ${REDLEASE_DEPS:-}; do
   case "$group" in
     tls) want openssl openssl ;;
     c) want cc gcc; want c++ g++; want valgrind valgrind ;;
-    python) want python3 python3 ;;
+    python) want python3 python3
+            python3 -m venv --help >/dev/null 2>&1 || need_pkgs+=(python3-venv) ;;
   esac
 done
 

@@ -255,6 +255,12 @@ int32_t lock_fencing_token(lock_t lock, uint64_t *out_token);
 int32_t lock_token(lock_t lock, char *buf, size_t buf_len);
 
 /**
+ * Copies the client's URL with any password replaced by `***`, NUL-terminated, into `buf`
+ * of `buf_len` bytes (for logs). `LOCK_ERR_ARGUMENT` when `buf` is NULL or too small.
+ */
+int32_t lock_client_url(lock_client_t client, char *buf, size_t buf_len);
+
+/**
  * Writes the lease left by the local clock (minus a drift allowance), in ms; 0 once lost.
  */
 int32_t lock_remaining_ms(lock_t lock, uint64_t *out_ms);

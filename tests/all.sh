@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Every check and test: Rust lints and docs, the generated C header, the Rust tests and the
-# C tests (ASan/UBSan and valgrind) against real redis-server processes.
+# Every check and test: Rust lints and docs, the generated C header, the Rust tests, the C
+# tests (ASan/UBSan and valgrind) and the Python tests, against real redis-server processes.
 # Installs what it needs when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REDLEASE_DEPS="tls c" source .ci/deps.sh
+REDLEASE_DEPS="tls c python" source .ci/deps.sh
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -23,3 +23,14 @@ step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 step "cargo test (Rust and C tests)"
 cargo test
+
+step "Python: pip install ./bindings/python (builds and bundles libredlease.so), then pytest"
+python3 -m venv target/venv
+target/venv/bin/pip install --quiet --disable-pip-version-check pytest redis ./bindings/python
+# Run the installed package (not the source tree) from outside the package directory.
+status=0
+REDLEASE_EXPECT_INSTALLED=1 target/venv/bin/pytest -q -p no:cacheprovider bindings/python/tests || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests" >&2
+fi
+exit "$status"

@@ -54,3 +54,25 @@ impl<T> Out<T> {
         unsafe { self.0.write(value) }
     }
 }
+
+/// Copies `text` and a terminating NUL into `buf` of `buf_len` bytes.
+///
+/// # Safety
+/// `buf` is NULL or valid for writing `buf_len` bytes.
+pub(crate) unsafe fn copy_out(text: &str, buf: *mut c_char, buf_len: usize) -> Result<(), Failure> {
+    if buf.is_null() {
+        return Err(Failure::argument("buf is NULL"));
+    }
+    if text.len() >= buf_len {
+        return Err(Failure::argument(format!(
+            "buf_len {buf_len} is too small: {} bytes are needed with the NUL",
+            text.len() + 1
+        )));
+    }
+    // SAFETY: buf is non-NULL and has room for text and the NUL (checked above).
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+        *buf.add(text.len()) = 0;
+    }
+    Ok(())
+}

@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::args::{Out, opt_str_arg, str_arg};
+use self::args::{Out, copy_out, opt_str_arg, str_arg};
 use self::handles::{HandleTable, Kind};
 use self::status::{Failure, boundary};
 pub use self::status::{
@@ -340,22 +340,22 @@ pub const LOCK_TOKEN_MAX: usize = 128;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lock_token(lock: lock_t, buf: *mut c_char, buf_len: usize) -> i32 {
     boundary(|| {
-        if buf.is_null() {
-            return Err(Failure::argument("buf is NULL"));
-        }
         let token = with_guard(lock, |g| Ok(g.token().to_owned()))?;
-        if token.len() + 1 > buf_len {
-            return Err(Failure::argument(format!(
-                "buf_len {buf_len} is too small for the token ({} bytes with its NUL)",
-                token.len() + 1
-            )));
-        }
-        // SAFETY: buf is non-NULL and the caller promised buf_len writable bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(token.as_ptr(), buf.cast::<u8>(), token.len());
-            *buf.add(token.len()) = 0;
-        }
-        Ok(())
+        unsafe { copy_out(&token, buf, buf_len) }
+    })
+}
+
+/// Copies the client's URL with any password replaced by `***`, NUL-terminated, into `buf`
+/// of `buf_len` bytes (for logs). `LOCK_ERR_ARGUMENT` when `buf` is NULL or too small.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lock_client_url(
+    client: lock_client_t,
+    buf: *mut c_char,
+    buf_len: usize,
+) -> i32 {
+    boundary(|| {
+        let client = self::client(client)?;
+        unsafe { copy_out(client.url(), buf, buf_len) }
     })
 }
 

@@ -1,0 +1,48 @@
+"""redlease: a distributed lock over Redis.
+
+A ctypes wrapper of the redlease C ABI (``libredlease.so``), so Python, C and Rust programs
+contend for the same locks with exactly the same semantics::
+
+    import redlease
+
+    client = redlease.Client("redis://127.0.0.1:6379/0")
+    with client.lock("lock:order:1001", ttl=30.0, wait=5.0) as lk:
+        storage.write(order, fencing_token=lk.fencing_token)
+
+    lk = client.acquire("lock:order:1001", ttl=30.0, wait=0.0)   # raises LockBusyError
+    lk.release()   # True: released; False: it had already been lost
+    client.close()
+
+Blocking calls release the GIL. The library is found through ``REDLEASE_LIB`` (a path),
+then the copy bundled in this package, then the repository's ``target/`` folders.
+"""
+
+from ._client import LOST_REASONS, Client, Lock
+from ._errors import (
+    InternalError,
+    InvalidArgumentError,
+    InvalidHandleError,
+    LockBusyError,
+    LockNotHeldError,
+    RedisConnectionError,
+    RedisServerError,
+    RedleaseError,
+)
+from ._native import version
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "Lock",
+    "LOST_REASONS",
+    "RedleaseError",
+    "LockBusyError",
+    "LockNotHeldError",
+    "RedisConnectionError",
+    "RedisServerError",
+    "InvalidArgumentError",
+    "InvalidHandleError",
+    "InternalError",
+    "version",
+]

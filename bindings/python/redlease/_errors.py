@@ -1,0 +1,66 @@
+"""Exceptions, one per C status code, generated from one table."""
+
+from typing import Dict, Type
+
+
+class RedleaseError(Exception):
+    """Base of every redlease error. ``status`` is the C status code."""
+
+    status: int = 0
+
+    def __init__(self, message: str = "", status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status or type(self).status
+
+
+class LockBusyError(RedleaseError):
+    """The wait ended while another owner held the lock."""
+
+
+class LockNotHeldError(RedleaseError):
+    """The key no longer holds this lock's token: the lease ended, another owner took the
+    lock, or the call came from a forked child. Work since the lease ended ran unprotected."""
+
+
+class RedisConnectionError(RedleaseError):
+    """Redis unreachable, connection dropped, or an I/O timeout."""
+
+
+class RedisServerError(RedleaseError):
+    """The server answered with an error (NOAUTH, READONLY, OOM, ...)."""
+
+
+class InvalidArgumentError(RedleaseError, ValueError):
+    """An unusable argument (wrong type, empty key, ttl <= 0, NaN, bad URL, ...).
+    Nothing was sent to Redis."""
+
+
+class InvalidHandleError(RedleaseError):
+    """A released lock or a closed client was used."""
+
+
+class InternalError(RedleaseError):
+    """A bug in redlease (a Rust panic caught at the boundary)."""
+
+
+# The C status codes (include/redlease.h) and their exceptions.
+LOCK_OK = 0
+STATUS_ERRORS: Dict[int, Type[RedleaseError]] = {
+    1: LockBusyError,
+    2: LockNotHeldError,
+    -1: InvalidArgumentError,
+    -2: InvalidHandleError,
+    -3: RedisConnectionError,
+    -4: RedisServerError,
+    -5: InternalError,
+}
+for _status, _cls in STATUS_ERRORS.items():
+    _cls.status = _status
+LOCK_BUSY = LockBusyError.status
+LOCK_NOT_HELD = LockNotHeldError.status
+
+
+def error_for(status: int, message: str) -> RedleaseError:
+    """The exception for a non-OK status."""
+    cls = STATUS_ERRORS.get(status, InternalError)
+    return cls(message or f"status {status}", status)

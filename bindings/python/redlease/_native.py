@@ -1,0 +1,133 @@
+"""Loading libredlease and declaring its functions (include/redlease.h)."""
+
+import ctypes
+import os
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    Structure,
+    c_bool,
+    c_char,
+    c_char_p,
+    c_int32,
+    c_size_t,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from pathlib import Path
+from typing import Callable, List
+
+from ._errors import LOCK_OK, error_for
+
+LIB_NAME = "libredlease.so"
+
+lock_client_t = c_uint64
+lock_t = c_uint64
+LOCK_TOKEN_MAX = 128
+UINT64_MAX = 2**64 - 1
+
+# void (*lock_lost_cb)(lock_t lock, int32_t reason, void *user_data)
+LOST_CALLBACK = CFUNCTYPE(None, lock_t, c_int32, c_void_p)
+
+
+class ClientOptions(Structure):
+    _fields_ = [
+        ("connect_timeout_ms", c_uint64),
+        ("io_timeout_ms", c_uint64),
+        ("pool_size", c_uint32),
+        ("pool_wait_ms", c_uint64),
+        ("key_prefix", c_char_p),
+        ("owner_label", c_char_p),
+        ("tls_ca_cert_file", c_char_p),
+    ]
+
+
+class AcquireOptions(Structure):
+    _fields_ = [
+        ("renew", c_bool),
+        ("on_lost", LOST_CALLBACK),
+        ("user_data", c_void_p),
+    ]
+
+
+def _candidates() -> List[Path]:
+    """Where the library may be: REDLEASE_LIB, the package, the repository's target/."""
+    found = []
+    env = os.environ.get("REDLEASE_LIB")
+    if env:
+        return [Path(env)]
+    here = Path(__file__).resolve().parent
+    found.append(here / LIB_NAME)
+    for root in (here.parents[2], Path.cwd()):
+        target = Path(os.environ.get("CARGO_TARGET_DIR", root / "target"))
+        found += [target / "release" / LIB_NAME, target / "debug" / LIB_NAME]
+    return found
+
+
+def _load() -> "tuple[ctypes.CDLL, Path]":
+    tried = _candidates()
+    for path in tried:
+        if path.is_file():
+            return ctypes.CDLL(str(path)), path
+    raise ImportError(
+        "redlease: libredlease.so not found; build it with `cargo build --release` or set "
+        "REDLEASE_LIB to its path. Looked in: " + ", ".join(str(p) for p in tried)
+    )
+
+
+lib, lib_path = _load()
+
+
+def _declare(name: str, restype, argtypes) -> Callable:
+    fn = getattr(lib, name)
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
+_declare("lock_client_options_init", c_int32, [POINTER(ClientOptions)])
+_declare("lock_client_open", c_int32, [c_char_p, POINTER(lock_client_t)])
+_declare("lock_client_open_opts", c_int32, [c_char_p, POINTER(ClientOptions), POINTER(lock_client_t)])
+_declare("lock_client_close", c_int32, [lock_client_t])
+_declare("lock_client_url", c_int32, [lock_client_t, POINTER(c_char), c_size_t])
+_declare("lock_acquire_options_init", c_int32, [POINTER(AcquireOptions)])
+_declare("lock_acquire", c_int32, [lock_client_t, c_char_p, c_uint64, c_uint64, POINTER(lock_t)])
+_declare(
+    "lock_acquire_opts",
+    c_int32,
+    [lock_client_t, c_char_p, c_uint64, c_uint64, POINTER(AcquireOptions), POINTER(lock_t)],
+)
+_declare("lock_release", c_int32, [lock_t])
+_declare("lock_extend", c_int32, [lock_t, c_uint64])
+_declare("lock_is_held", c_int32, [lock_t, POINTER(c_bool)])
+_declare("lock_fencing_token", c_int32, [lock_t, POINTER(c_uint64)])
+_declare("lock_token", c_int32, [lock_t, POINTER(c_char), c_size_t])
+_declare("lock_remaining_ms", c_int32, [lock_t, POINTER(c_uint64)])
+_declare("lock_is_locked", c_int32, [lock_client_t, c_char_p, POINTER(c_bool)])
+_declare("lock_last_error", c_char_p, [])
+_declare("lock_status_name", c_char_p, [c_int32])
+_declare("lock_version", c_char_p, [])
+
+
+def check(status: int) -> int:
+    """Raises the exception for a non-OK status, with this thread's message."""
+    if status != LOCK_OK:
+        raise error_for(status, last_error())
+    return status
+
+
+def last_error() -> str:
+    raw = lib.lock_last_error()
+    return raw.decode("utf-8", "replace") if raw else ""
+
+
+def read_string(fn: Callable, handle: int, size: int = 1024) -> str:
+    """Calls ``fn(handle, buf, size)`` (a copy-into-buffer function) and decodes the text."""
+    buf = ctypes.create_string_buffer(size)
+    check(fn(handle, buf, size))
+    return buf.value.decode("utf-8", "replace")
+
+
+def version() -> str:
+    return lib.lock_version().decode()
