@@ -30,8 +30,10 @@ pub(crate) struct LockKeys {
     pub lock: String,
     /// The fencing counter.
     pub fence: String,
-    /// The wake-up list a release pushes to and waiters block on.
+    /// The wake-up list a release pushes a handoff to and waiters block on.
     pub wake: String,
+    /// How many waiters are blocked (approximately; it expires with its last waiter).
+    pub waiters: String,
 }
 
 impl LockKeys {
@@ -60,6 +62,7 @@ impl LockKeys {
         Ok(LockKeys {
             fence: format!("redlease:fence:{tail}"),
             wake: format!("redlease:wake:{tail}"),
+            waiters: format!("redlease:waiters:{tail}"),
             lock,
         })
     }
@@ -148,6 +151,7 @@ mod tests {
             let slot = key_slot(keys.lock.as_bytes());
             assert_eq!(key_slot(keys.fence.as_bytes()), slot, "{name}");
             assert_eq!(key_slot(keys.wake.as_bytes()), slot, "{name}");
+            assert_eq!(key_slot(keys.waiters.as_bytes()), slot, "{name}");
         }
     }
 

@@ -47,6 +47,9 @@ pub(crate) struct Lease {
     pub pid: u32,
     on_lost: Option<LostCallback>,
     state: Mutex<LeaseState>,
+    /// Held while a renewal is sent; `true` once closed by a release (see
+    /// [`crate::renewal`]).
+    renewal_gate: Mutex<bool>,
 }
 
 struct LeaseState {
@@ -88,7 +91,19 @@ impl Lease {
                 released: false,
                 subscribers: Vec::new(),
             }),
+            renewal_gate: Mutex::new(false),
         }
+    }
+
+    /// The renewal gate, held while a renewal is sent; `None` once closed.
+    pub fn renewal_gate(&self) -> Option<MutexGuard<'_, bool>> {
+        let gate = self.renewal_gate.lock().unwrap_or_else(|p| p.into_inner());
+        (!*gate).then_some(gate)
+    }
+
+    /// Closes the renewal gate, waiting for a renewal in flight: none is sent afterwards.
+    pub fn close_renewal_gate(&self) {
+        *self.renewal_gate.lock().unwrap_or_else(|p| p.into_inner()) = true;
     }
 
     fn state(&self) -> MutexGuard<'_, LeaseState> {
@@ -183,7 +198,7 @@ impl Lease {
 
     /// Sends the token-checked extend through `pool` within `budget`. On success the ttl
     /// and local deadline are updated; `Ok(false)` means the key no longer held the token
-    /// (the loss is recorded).
+    /// (the caller records the loss, outside any lock it holds).
     pub fn extend_on(&self, pool: &Pool, ttl: Duration, budget: Duration) -> Result<bool> {
         let ttl_ms = ttl_millis(ttl)?;
         let sent_at = Instant::now();
@@ -200,23 +215,29 @@ impl Lease {
             s.deadline = local_deadline(sent_at, ttl);
             Ok(true)
         } else {
-            self.mark_lost(LostReason::NotHeld);
             Ok(false)
         }
     }
 
-    /// Sends the token-checked release. `Ok(false)`: the key no longer held the token.
+    /// Sends the token-checked release (which hands the lock to a waiter if there is one).
+    /// `Ok(false)`: the key no longer held the token.
     pub fn release_on_server(&self) -> Result<bool> {
         let client = &self.client;
+        let handoff_token = format!("{}:handoff", uuid::Uuid::new_v4());
+        let ttl_ms = self.ttl().as_millis() as u64;
         let released: i64 = client.pool.run(client.options.pool_wait, None, |c| {
             scripts::RELEASE
                 .key(&self.keys.lock)
+                .key(&self.keys.fence)
                 .key(&self.keys.wake)
+                .key(&self.keys.waiters)
                 .arg(&self.token)
-                .arg(scripts::WAKE_TTL_MS)
+                .arg(&handoff_token)
+                .arg(ttl_ms)
+                .arg(scripts::FENCE_IDLE_MS)
                 .invoke(c)
         })?;
-        Ok(released == 1)
+        Ok(released != 0)
     }
 }
 

@@ -13,7 +13,7 @@ use crate::keys::LockKeys;
 use crate::lease::{Lease, LostCallback, LostReason, ttl_millis};
 use crate::renewal::Renewal;
 use crate::scripts;
-use crate::waiting::{self, Backoff, Wait};
+use crate::waiting::{self, Backoff, Wait, Woken};
 
 /// The ttl used when none is given.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -86,11 +86,37 @@ impl<'a> LockBuilder<'a> {
     }
 
     pub(crate) fn acquire_with(self, wait: Wait) -> Result<LockGuard> {
-        let inner = &self.client.inner;
-        let ttl_ms = ttl_millis(self.ttl)?;
+        let LockBuilder {
+            client,
+            name,
+            ttl,
+            renew,
+            on_lost,
+        } = self;
+        let inner = &client.inner;
+        let ttl_ms = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(ttl_ms);
-        let keys = LockKeys::new(&inner.options.key_prefix, self.name)?;
+        let keys = LockKeys::new(&inner.options.key_prefix, name)?;
         let token = format!("{}:{}", uuid::Uuid::new_v4(), inner.owner_label);
+        let registration_ms = waiting::registration_ms(inner.options.io_timeout);
+        let hold = |keys: LockKeys, token: String, fencing_token, ttl, since| {
+            let on_lost = on_lost.clone();
+            let lease = Lease::new(
+                inner.clone(),
+                keys,
+                token,
+                fencing_token,
+                ttl,
+                since,
+                on_lost,
+            );
+            LockGuard::start(lease, renew)
+        };
+        let mut mode = if wait == Wait::No {
+            scripts::MODE_ONCE
+        } else {
+            scripts::MODE_NEW_WAITER
+        };
         let mut backoff = Backoff::new();
         loop {
             let sent_at = Instant::now();
@@ -99,31 +125,54 @@ impl<'a> LockBuilder<'a> {
                     scripts::ACQUIRE
                         .key(&keys.lock)
                         .key(&keys.fence)
+                        .key(&keys.wake)
+                        .key(&keys.waiters)
                         .arg(&token)
                         .arg(ttl_ms)
                         .arg(scripts::FENCE_IDLE_MS)
+                        .arg(mode)
+                        .arg(registration_ms)
                         .invoke(c)
                 })?;
             if granted == 1 {
                 let fencing_token = u64::try_from(value).map_err(|_| {
                     Error::new(ErrorKind::Server, format!("bad fencing token {value}"))
                 })?;
-                let lease = Lease::new(
-                    inner.clone(),
-                    keys,
-                    token,
-                    fencing_token,
-                    ttl,
-                    sent_at,
-                    self.on_lost,
-                );
-                return LockGuard::start(lease, self.renew);
+                return hold(keys, token, fencing_token, ttl, sent_at);
             }
-            if !waiting::pause(&inner.pool, &keys.wake, wait, &mut backoff, value)? {
-                return Err(Error::new(
+            let busy = || {
+                Error::new(
                     ErrorKind::Busy,
                     format!("lock {:?} is held by another owner", keys.lock),
-                ));
+                )
+            };
+            if mode == scripts::MODE_ONCE {
+                return Err(busy());
+            }
+            mode = scripts::MODE_COUNTED_WAITER;
+            match waiting::block(&inner.pool, &keys, wait, &mut backoff, value)? {
+                Woken::Retry => {}
+                Woken::Expired => {
+                    waiting::cancel(&inner.pool, &keys, inner.options.pool_wait);
+                    return Err(busy());
+                }
+                Woken::Handoff {
+                    token: handed,
+                    fencing_token,
+                    ttl: handed_ttl,
+                    at,
+                } => {
+                    let guard = hold(keys.clone(), handed, fencing_token, handed_ttl, at)?;
+                    if handed_ttl == ttl {
+                        return Ok(guard);
+                    }
+                    match guard.extend(ttl) {
+                        Ok(()) => return Ok(guard),
+                        // Lost at once (it expired in flight): wait on, counted anew.
+                        Err(e) if e.is_not_held() => mode = scripts::MODE_NEW_WAITER,
+                        Err(e) => return Err(e),
+                    }
+                }
             }
         }
     }
@@ -219,6 +268,7 @@ impl LockGuard {
         {
             Ok(())
         } else {
+            self.lease.mark_lost(LostReason::NotHeld);
             Err(self.not_held())
         }
     }
@@ -241,12 +291,7 @@ impl LockGuard {
             return Ok(());
         }
         let renewal = self.renewal_slot().take();
-        if let Err(e) = self.lease.check_process() {
-            if let Some(renewal) = renewal {
-                renewal.abandon();
-            }
-            return Err(e);
-        }
+        self.lease.check_process()?;
         if let Some(renewal) = renewal {
             renewal.stop();
         }

@@ -4,6 +4,14 @@
 //! `SCRIPT LOAD` on `NOSCRIPT` (a restarted or failed-over server has an empty cache).
 //! Every key a script touches is passed in `KEYS[]`, and all of them share one cluster slot
 //! (see [`crate::keys`]).
+//!
+//! Waiting and handoff: a waiter that finds the lock held counts itself in the `waiters`
+//! counter and blocks in `BLPOP` on the `wake` list. A release that sees waiters does not
+//! delete the lock: it gives it to a fresh token and pushes `"<fence> <ttl_ms> <token>"` to
+//! the wake list; Redis hands that element to the waiter that blocked first, which then
+//! holds the lock under that token. One release wakes exactly one waiter, and the lock
+//! passes in the order waiters blocked. If nobody was blocked after all, the next acquire
+//! attempt claims the pending handoff.
 
 use std::sync::LazyLock;
 
@@ -13,56 +21,120 @@ use redis::Script;
 /// counter is seeded from the server clock, which is above every token handed out before.
 pub(crate) const FENCE_IDLE_MS: u64 = 7 * 24 * 3600 * 1000;
 
-/// How long a release's wake-up signal waits for a waiter to take it.
-pub(crate) const WAKE_TTL_MS: u64 = 1000;
+/// `next_fence(key, idle_ms)`: the next fencing token of a lock. A missing counter (first
+/// use, expiry, or a restart without persistence) is seeded with the server time in
+/// microseconds, so tokens keep increasing across such a loss as long as the server clock
+/// does not step backwards.
+const NEXT_FENCE: &str = r"
+local function next_fence(key, idle_ms)
+  if redis.call('EXISTS', key) == 0 then
+    local now = redis.call('TIME')
+    redis.call('SET', key, now[1] .. string.format('%06d', tonumber(now[2])))
+  end
+  local fence = redis.call('INCR', key)
+  redis.call('PEXPIRE', key, idle_ms)
+  return fence
+end
+";
+
+/// Acquire modes (ARGV[4] of [`ACQUIRE`]).
+pub(crate) const MODE_ONCE: u8 = 0;
+/// A failed attempt counts the caller as a new waiter.
+pub(crate) const MODE_NEW_WAITER: u8 = 1;
+/// The caller is already counted as a waiter; a grant uncounts it.
+pub(crate) const MODE_COUNTED_WAITER: u8 = 2;
 
 /// Acquire: `SET lock token NX PX ttl`, and on success the next fencing token.
 ///
-/// - KEYS[1] lock key, KEYS[2] fencing counter
-/// - ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] idle expiry of the counter in ms
+/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] waiters counter
+/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] counter idle expiry ms, ARGV[4] mode
+///   (`MODE_*`), ARGV[5] how long a waiter's count lives, ms
 /// - Returns `{1, fencing_token}` when acquired, `{0, pttl_ms}` when another owner holds it
 ///   (`pttl_ms` is -1 for a key without expiry).
 ///
-/// A key that already holds the same token counts as acquired (its ttl is reset), so an
-/// attempt repeated after a lost reply does not lock its own caller out.
-///
-/// A missing counter (first use, expiry, or a restart without persistence) is seeded with
-/// the server time in microseconds, so tokens keep increasing across such a loss as long as
-/// the server clock does not step backwards.
+/// Also acquired: a key that already holds the same token (an attempt repeated after a lost
+/// reply), and a pending handoff nobody was blocked to take (the handoff's fencing token is
+/// kept).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{NEXT_FENCE}{}",
         r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-   or (redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('PEXPIRE', KEYS[1], ARGV[2]) == 1) then
-  if redis.call('EXISTS', KEYS[2]) == 0 then
-    local now = redis.call('TIME')
-    redis.call('SET', KEYS[2], now[1] .. string.format('%06d', tonumber(now[2])))
+local mode = tonumber(ARGV[4])
+local function granted(fence)
+  if mode == 2 and tonumber(redis.call('GET', KEYS[4]) or '0') > 0 then
+    redis.call('DECR', KEYS[4])
   end
-  local fence = redis.call('INCR', KEYS[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
   return {1, fence}
 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return granted(next_fence(KEYS[2], ARGV[3]))
+end
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] and redis.call('PEXPIRE', KEYS[1], ARGV[2]) == 1 then
+  return granted(next_fence(KEYS[2], ARGV[3]))
+end
+local pending = redis.call('LINDEX', KEYS[3], 0)
+if holder and pending then
+  local fence, token = string.match(pending, '^(%d+) %d+ (.*)$')
+  if token == holder then
+    redis.call('DEL', KEYS[3])
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return granted(tonumber(fence))
+  end
+end
+if mode == 1 then
+  redis.call('INCR', KEYS[4])
+elseif mode == 2 and redis.call('EXISTS', KEYS[4]) == 0 then
+  redis.call('SET', KEYS[4], 1)
+end
+if mode ~= 0 and redis.call('PTTL', KEYS[4]) < tonumber(ARGV[5]) then
+  redis.call('PEXPIRE', KEYS[4], ARGV[5])
+end
 return {0, redis.call('PTTL', KEYS[1])}
-",
-    )
+"
+    ))
 });
 
-/// Release: delete the lock only while it holds our token, and leave one wake-up signal.
+/// Release: only while the lock holds our token. Without waiters the key is deleted; with
+/// waiters the lock is handed to one of them (see the module documentation).
 ///
-/// - KEYS[1] lock key, KEYS[2] wake list
-/// - ARGV[1] token, ARGV[2] lifetime of the wake signal in ms
-/// - Returns 1 when released, 0 when the key no longer held the token.
-///
-/// The wake list holds at most one element, so one release wakes at most one waiter
-/// blocked in `BLPOP`, and an unclaimed signal expires.
+/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] waiters counter
+/// - ARGV[1] token, ARGV[2] fresh token for a handoff, ARGV[3] ttl of a handoff in ms,
+///   ARGV[4] counter idle expiry ms
+/// - Returns 1 when released, 2 when handed to a waiter, 0 when the key no longer held the
+///   token.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NEXT_FENCE}{}",
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if tonumber(redis.call('GET', KEYS[4]) or '0') > 0 then
+  redis.call('DECR', KEYS[4])
+  local fence = next_fence(KEYS[2], ARGV[4])
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  redis.call('DEL', KEYS[3])
+  redis.call('RPUSH', KEYS[3], string.format('%d', fence) .. ' ' .. ARGV[3] .. ' ' .. ARGV[2])
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+  return 2
+end
+redis.call('DEL', KEYS[1])
+return 1
+"
+    ))
+});
+
+/// Cancel: a waiter that gives up stops counting itself.
+///
+/// - KEYS[1] waiters counter
+/// - Returns the remaining count.
+pub(crate) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1], KEYS[2])
-  redis.call('RPUSH', KEYS[2], '1')
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  return 1
+local n = tonumber(redis.call('GET', KEYS[1]) or '0')
+if n > 0 then
+  return redis.call('DECR', KEYS[1])
 end
 return 0
 ",

@@ -1,23 +1,33 @@
-//! Waiting for a held lock: deadlines, backoff with jitter, and blocking for a release.
+//! Waiting for a held lock: deadlines, backoff with jitter, and blocking for a handoff.
 //!
-//! Between two attempts a waiter blocks on the server (`BLPOP` on the lock's wake list, where
-//! a release leaves one signal) for at most the backoff delay, cut to the time left before
-//! the caller's deadline and to just after the current holder's lease ends. So a release
-//! wakes a waiter at once, an expired holder is noticed on time, and a missed signal costs at
-//! most one backoff delay. Without a free pooled connection it sleeps instead.
+//! After a failed attempt a waiter blocks on the server (`BLPOP` on the lock's wake list,
+//! see [`crate::scripts`]) for at most the backoff delay, cut to the time left before the
+//! caller's deadline and to just after the current holder's lease ends. A release hands the
+//! lock over through that list, to the waiter that blocked first; an expired holder is
+//! noticed when its lease ends; a release that no waiter saw (a foreign client's `DEL`, a
+//! waiter that vanished) costs at most one backoff delay. Without a free pooled connection
+//! a waiter sleeps instead of blocking.
 
 use std::time::{Duration, Instant};
 
 use crate::connections::Pool;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::scripts;
 
 /// First backoff delay; doubles per attempt up to [`MAX_DELAY`].
-const MIN_DELAY: Duration = Duration::from_millis(50);
+const MIN_DELAY: Duration = Duration::from_millis(500);
 /// Largest backoff delay.
-const MAX_DELAY: Duration = Duration::from_secs(1);
+const MAX_DELAY: Duration = Duration::from_secs(2);
 /// Upper bound of the jitter added after a holder's lease ends, so that waiters whose
 /// holder expired do not all retry in the same millisecond.
 const EXPIRY_JITTER_MS: u64 = 5;
+
+/// How long a waiter's count lives on the server without being refreshed: one full backoff
+/// delay plus a reply's time. After a crash the count cannot outlive its waiter for long.
+pub(crate) fn registration_ms(io_timeout: Duration) -> u64 {
+    (MAX_DELAY + io_timeout).as_millis() as u64
+}
 
 /// How long an acquire may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +43,7 @@ pub(crate) enum Wait {
 impl Wait {
     /// Waiting up to `wait` from now.
     ///
-    /// Errors: [`crate::ErrorKind::InvalidArgument`] when the deadline is not representable.
+    /// Errors: [`ErrorKind::InvalidArgument`] when the deadline is not representable.
     pub fn up_to(wait: Duration) -> Result<Wait> {
         if wait.is_zero() {
             return Ok(Wait::No);
@@ -72,18 +82,33 @@ impl Backoff {
     }
 }
 
-/// After a failed attempt, waits for the next one. `holder_pttl_ms` is the current holder's
-/// remaining lease as the attempt saw it (negative when unknown).
+/// How a blocked wait ended.
+#[derive(Debug)]
+pub(crate) enum Woken {
+    /// A release handed the lock to this waiter under `token`, for `ttl` from `at`.
+    Handoff {
+        token: String,
+        fencing_token: u64,
+        ttl: Duration,
+        at: Instant,
+    },
+    /// Time for another attempt.
+    Retry,
+    /// The caller's wait is over.
+    Expired,
+}
+
+/// After a failed attempt, blocks until a handoff, the backoff delay, the holder's lease end
+/// (`holder_pttl_ms`, negative when unknown) or the caller's deadline, whichever is first.
 ///
-/// Returns `Ok(false)` when the caller's wait is over (no time left), `Ok(true)` when it is
-/// time to try again. Errors only when the wait itself failed to reach Redis.
-pub(crate) fn pause(
+/// Errors only when the wait itself could not reach Redis.
+pub(crate) fn block(
     pool: &Pool,
-    wake_key: &str,
+    keys: &LockKeys,
     wait: Wait,
     backoff: &mut Backoff,
     holder_pttl_ms: i64,
-) -> Result<bool> {
+) -> Result<Woken> {
     let now = Instant::now();
     let mut delay = backoff.next_delay();
     if let Ok(pttl) = u64::try_from(holder_pttl_ms) {
@@ -92,7 +117,7 @@ pub(crate) fn pause(
     }
     if let Some(left) = wait.left(now) {
         if left.is_zero() {
-            return Ok(false);
+            return Ok(Woken::Expired);
         }
         delay = delay.min(left);
     }
@@ -100,16 +125,85 @@ pub(crate) fn pause(
     let delay = delay.max(Duration::from_millis(1));
     let Some(conn) = pool.try_get() else {
         std::thread::sleep(delay);
-        return Ok(true);
+        return Ok(Woken::Retry);
     };
     let mut conn = conn?;
     conn.set_timeout(delay + pool.connector.io_timeout())?;
     let seconds = format!("{:.3}", delay.as_secs_f64());
-    conn.run(|c| {
+    let popped = conn.run(|c| {
         redis::cmd("BLPOP")
-            .arg(wake_key)
+            .arg(&keys.wake)
             .arg(&seconds)
             .query::<Option<(String, String)>>(c)
     })?;
-    Ok(true)
+    match popped {
+        Some((_, element)) => parse_handoff(&element),
+        None => Ok(Woken::Retry),
+    }
+}
+
+/// Parses a handoff element, `"<fencing token> <ttl ms> <token>"`.
+fn parse_handoff(element: &str) -> Result<Woken> {
+    let at = Instant::now();
+    let mut parts = element.splitn(3, ' ');
+    let mut number = || parts.next().and_then(|n| n.parse::<u64>().ok());
+    let (fencing_token, ttl_ms) = (number(), number());
+    match (fencing_token, ttl_ms, parts.next()) {
+        (Some(fencing_token), Some(ttl_ms), Some(token)) if !token.is_empty() => {
+            Ok(Woken::Handoff {
+                token: token.to_owned(),
+                fencing_token,
+                ttl: Duration::from_millis(ttl_ms),
+                at,
+            })
+        }
+        _ => Err(Error::new(
+            ErrorKind::Server,
+            format!("malformed handoff {element:?} on the wake list"),
+        )),
+    }
+}
+
+/// Stops counting a waiter that gives up. Best effort: a count that is not removed expires.
+pub(crate) fn cancel(pool: &Pool, keys: &LockKeys, checkout: Duration) {
+    let result = pool.run(checkout, None, |c| {
+        scripts::CANCEL.key(&keys.waiters).invoke::<i64>(c)
+    });
+    if let Err(e) = result {
+        log::debug!("could not uncount a waiter of {:?}: {e}", keys.lock);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_handoff_elements() {
+        match parse_handoff("17 3000 abc:handoff x").unwrap() {
+            Woken::Handoff {
+                token,
+                fencing_token,
+                ttl,
+                ..
+            } => {
+                assert_eq!(token, "abc:handoff x");
+                assert_eq!(fencing_token, 17);
+                assert_eq!(ttl, Duration::from_secs(3));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse_handoff("x 1 t").is_err());
+        assert!(parse_handoff("1 2").is_err());
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_and_is_capped() {
+        let mut b = Backoff::new();
+        let first = b.next_delay();
+        assert!(first >= MIN_DELAY / 2 && first <= MIN_DELAY);
+        for _ in 0..20 {
+            assert!(b.next_delay() <= MAX_DELAY);
+        }
+    }
 }

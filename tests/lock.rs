@@ -209,6 +209,13 @@ fn eight_threads_keep_a_non_atomic_counter_exact() {
     }
     let count: i64 = server.cmd(&["GET", "counter"]);
     assert_eq!(count, (THREADS * ROUNDS) as i64);
+    // Nothing piles up: besides the counter and the fencing counter, every key expires.
+    let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
+    assert!(keys.len() <= 4, "{keys:?}");
+    for key in keys.iter().filter(|k| *k != "counter") {
+        let pttl: i64 = server.cmd(&["PTTL", key]);
+        assert!(pttl > 0, "{key} does not expire");
+    }
     let fences = fences.lock().unwrap();
     assert_eq!(fences.len(), THREADS * ROUNDS);
     assert!(
@@ -286,13 +293,16 @@ fn companion_keys_hash_to_the_lock_key_slot_on_a_real_cluster() {
     let mut cluster_conn = cluster.conn();
     for name in ADVERSARIAL_NAMES {
         server.cmd::<()>(&["FLUSHALL"]);
-        client.lock(name).try_acquire().unwrap().release().unwrap();
-        // The release leaves the wake key; the acquire left the fence key.
+        make_every_companion_key(&server, &client, name);
         let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
             .arg("*")
             .query(&mut server.conn())
             .unwrap();
-        assert_eq!(keys.len(), 2, "{name:?}: {keys:?}");
+        assert_eq!(
+            keys.len(),
+            4,
+            "lock, fence, waiters, wake for {name:?}: {keys:?}"
+        );
         let lock_slot: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(name.as_bytes())
@@ -313,6 +323,115 @@ fn companion_keys_hash_to_the_lock_key_slot_on_a_real_cluster() {
             assert_eq!(slot, i64::from(redlease::key_slot(&key)));
         }
     }
+}
+
+/// Leaves every key a lock uses in Redis: the lock (holding a pending handoff), the fencing
+/// counter, the waiters counter and the wake list.
+fn make_every_companion_key(server: &RedisServer, client: &Client, name: &str) {
+    let holder = client.lock(name).try_acquire().unwrap();
+    // A waiter that gives up leaves the (expiring) waiters counter behind...
+    let err = client
+        .lock(name)
+        .acquire_timeout(Duration::from_millis(50))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Busy);
+    let waiters: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("redlease:waiters:*")
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(waiters.len(), 1, "{name:?}");
+    // ...and a release that believes a waiter is blocked leaves a pending handoff.
+    redis::cmd("SET")
+        .arg(&waiters[0])
+        .arg(1)
+        .query::<()>(&mut server.conn())
+        .unwrap();
+    holder.release().unwrap();
+}
+
+#[test]
+fn a_release_hands_the_lock_to_the_waiters_in_the_order_they_blocked() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let holder = client.lock("fifo").try_acquire().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let (client, order) = (client.clone(), order.clone());
+        waiters.push(std::thread::spawn(move || {
+            let guard = client
+                .lock("fifo")
+                .acquire_timeout(Duration::from_secs(30))
+                .unwrap();
+            order.lock().unwrap().push(i);
+            std::thread::sleep(Duration::from_millis(20));
+            guard.release().unwrap();
+        }));
+        // Waiter i is blocked on the server before waiter i + 1 starts.
+        assert!(eventually(Duration::from_secs(5), || server.calls("blpop") > i));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let blocked = server.calls("blpop");
+    holder.release().unwrap();
+    for w in waiters {
+        w.join().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+    assert_eq!(
+        server.calls("blpop"),
+        blocked,
+        "each waiter was handed the lock by its single blocking wait"
+    );
+    assert!(!server.cmd::<bool>(&["EXISTS", "fifo"]));
+}
+
+#[test]
+fn a_handoff_nobody_was_blocked_for_is_claimed_by_the_next_attempt() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    make_every_companion_key(&server, &client, "pending");
+    let value: String = server.cmd(&["GET", "pending"]);
+    assert!(value.ends_with(":handoff"), "{value}");
+    let before: i64 = server.cmd(&["GET", "redlease:fence:{pending}"]);
+    let guard = client.lock("pending").try_acquire().unwrap();
+    assert_eq!(
+        guard.fencing_token() as i64,
+        before,
+        "the handoff's fencing token"
+    );
+    assert!(!server.cmd::<bool>(&["EXISTS", "redlease:wake:{pending}"]));
+    let stored: String = server.cmd(&["GET", "pending"]);
+    assert_eq!(stored, guard.token());
+}
+
+#[test]
+fn a_handed_over_lock_gets_the_ttl_its_waiter_asked_for() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let holder = client
+        .lock("ttls")
+        .ttl(Duration::from_secs(5))
+        .try_acquire()
+        .unwrap();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            client
+                .lock("ttls")
+                .ttl(Duration::from_secs(60))
+                .renew(false)
+                .acquire_timeout(Duration::from_secs(30))
+                .unwrap()
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") > 0));
+    holder.release().unwrap();
+    let guard = waiter.join().unwrap();
+    let pttl: i64 = server.cmd(&["PTTL", "ttls"]);
+    assert!(pttl > 30_000, "pttl {pttl}");
+    assert!(guard.remaining() > Duration::from_secs(30));
+    let stored: String = server.cmd(&["GET", "ttls"]);
+    assert_eq!(stored, guard.token());
 }
 
 #[test]
