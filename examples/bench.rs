@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release --example bench -- [--duration S] [--reps N] [--threads N]
-//!     [--w3-locks N] [--w3-secs S] [--python PYTHON] [--smoke]
+//!     [--w3-locks N] [--w3-secs S] [--python PYTHON|none] [--only w1|w2|w3] [--smoke]
 //! ```
 //! Starts its own redis-server unless `REDIS_URL` is set.
 
@@ -31,6 +31,7 @@ struct Config {
     w3_locks: usize,
     w3_secs: u64,
     python: Option<String>,
+    only: Option<String>,
 }
 
 impl Config {
@@ -42,6 +43,7 @@ impl Config {
             w3_locks: 1000,
             w3_secs: 60,
             python: Some("python3".into()),
+            only: None,
         };
         let args: Vec<String> = std::env::args().skip(1).collect();
         let mut i = 0;
@@ -62,6 +64,7 @@ impl Config {
                 "--threads" => c.threads = value().parse().unwrap_or(8),
                 "--w3-locks" => c.w3_locks = value().parse().unwrap_or(1000),
                 "--w3-secs" => c.w3_secs = value().parse().unwrap_or(60),
+                "--only" => c.only = Some(value().to_lowercase()),
                 "--python" => c.python = Some(value()).filter(|p| !p.is_empty() && p != "none"),
                 other => panic!("unknown option {other}"),
             }
@@ -310,8 +313,11 @@ impl Bench {
         let threads = self.cfg.threads;
         let stop = AtomicBool::new(false);
         let epoch = Instant::now();
-        let last_release = AtomicU64::new(0);
-        let latencies = Mutex::new(Vec::new());
+        // Acquisitions are numbered in order (the number is drawn inside the critical
+        // section); handoff latency of acquisition n = its acquire's return minus the
+        // return of release n - 1 (0 when the lock reached n before that release returned).
+        let sequence = AtomicU64::new(0);
+        let events = Mutex::new(Vec::<(u64, u64, u64)>::new()); // (n, acquired ns, released ns)
         let counts = Mutex::new(vec![0u64; threads]);
         let barrier = Barrier::new(threads + 1);
         let before = self.calls(commands);
@@ -319,31 +325,26 @@ impl Bench {
         std::thread::scope(|s| {
             for i in 0..threads {
                 let mut cycle = make(i);
-                let (stop, last_release, latencies, counts, barrier) =
-                    (&stop, &last_release, &latencies, &counts, &barrier);
+                let (stop, sequence, events, counts, barrier) =
+                    (&stop, &sequence, &events, &counts, &barrier);
                 s.spawn(move || {
                     let mut mine = Vec::new();
                     let mut n = 0;
                     barrier.wait();
                     while !stop.load(Ordering::Relaxed) {
+                        let mut entry = (0, 0);
                         let mut acquired = || {
-                            let now = epoch.elapsed().as_nanos() as u64;
-                            let released = last_release.load(Ordering::SeqCst);
-                            if released > 0 && now > released {
-                                mine.push((now - released) as f64 / 1000.0);
-                            }
+                            let at = epoch.elapsed().as_nanos() as u64;
+                            entry = (sequence.fetch_add(1, Ordering::SeqCst), at);
                             if !cs.is_zero() {
                                 std::thread::sleep(cs);
                             }
                         };
                         cycle(&mut acquired);
-                        last_release.store(epoch.elapsed().as_nanos() as u64, Ordering::SeqCst);
+                        mine.push((entry.0, entry.1, epoch.elapsed().as_nanos() as u64));
                         n += 1;
                     }
-                    latencies
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .extend(mine);
+                    events.lock().unwrap_or_else(|p| p.into_inner()).extend(mine);
                     counts.lock().unwrap_or_else(|p| p.into_inner())[i] = n;
                 });
             }
@@ -353,10 +354,16 @@ impl Bench {
             stop.store(true, Ordering::Relaxed);
             elapsed = start.elapsed();
         });
+        let mut events = events.into_inner().unwrap_or_default();
+        events.sort_unstable();
+        let mut lat: Vec<f64> = events
+            .windows(2)
+            .filter(|w| w[1].0 == w[0].0 + 1)
+            .map(|w| w[1].1.saturating_sub(w[0].2) as f64 / 1000.0)
+            .collect();
         let requests = self.calls(commands) - before;
         let counts = counts.into_inner().unwrap_or_default();
         let total: u64 = counts.iter().sum();
-        let mut lat = latencies.into_inner().unwrap_or_default();
         lat.sort_by(|a, b| a.total_cmp(b));
         W2Result {
             per_sec: total as f64 / elapsed.as_secs_f64(),
@@ -585,8 +592,15 @@ fn main() {
             ""
         }
     );
-    let floor = bench.floor_w1();
-    bench.run_w1();
-    bench.run_w2(floor / 2.0);
-    bench.run_w3();
+    let wanted = |w: &str| bench.cfg.only.as_deref().is_none_or(|only| only == w);
+    if wanted("w1") {
+        bench.run_w1();
+    }
+    if wanted("w2") {
+        let floor = bench.floor_w1();
+        bench.run_w2(floor / 2.0);
+    }
+    if wanted("w3") {
+        bench.run_w3();
+    }
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use redis::ConnectionLike;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::process;
 
 /// Opens connections to one Redis server with the client's timeouts.
 pub(crate) struct Connector {
@@ -89,11 +90,12 @@ pub(crate) struct Pool {
 }
 
 struct PoolState {
-    idle: Vec<redis::Connection>,
+    /// Idle connections with their current socket timeout.
+    idle: Vec<(redis::Connection, Duration)>,
     /// Connections idle or checked out.
     open: usize,
     /// The process the connections belong to; after `fork()` the child starts afresh.
-    pid: u32,
+    process: u64,
 }
 
 impl Pool {
@@ -105,7 +107,7 @@ impl Pool {
             state: Mutex::new(PoolState {
                 idle: Vec::new(),
                 open: 0,
-                pid: std::process::id(),
+                process: process::generation(),
             }),
             freed: Condvar::new(),
         }
@@ -113,13 +115,13 @@ impl Pool {
 
     fn lock_state(&self) -> MutexGuard<'_, PoolState> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let pid = std::process::id();
-        if state.pid != pid {
+        let current = process::generation();
+        if state.process != current {
             // A forked child: the sockets are the parent's. Drop our copies (closing a
             // descriptor in the child does not affect the parent) and start afresh.
             state.idle.clear();
             state.open = 0;
-            state.pid = pid;
+            state.process = current;
         }
         state
     }
@@ -132,15 +134,15 @@ impl Pool {
         let deadline = Instant::now() + budget;
         let mut state = self.lock_state();
         loop {
-            if let Some(conn) = state.idle.pop() {
-                return Ok(Conn::new(self, conn, true));
+            if let Some((conn, timeout)) = state.idle.pop() {
+                return Ok(Conn::new(self, conn, timeout, true));
             }
             if self.max_open.is_none_or(|max| state.open < max) {
                 state.open += 1;
                 drop(state);
                 let left = deadline.saturating_duration_since(Instant::now());
                 return match self.connector.connect(left) {
-                    Ok(conn) => Ok(Conn::new(self, conn, false)),
+                    Ok(conn) => Ok(Conn::new(self, conn, self.connector.io_timeout, false)),
                     Err(e) => {
                         self.forget_one();
                         Err(e)
@@ -186,9 +188,13 @@ impl Pool {
         io: Option<Duration>,
         f: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
+        let io_timeout = self.connector.io_timeout;
         let attempt = |conn: &mut Conn<'_>| {
-            if let Some(io) = io.filter(|&io| io < self.connector.io_timeout) {
-                conn.set_timeout(io)?;
+            match io.filter(|&io| io < io_timeout) {
+                // A shorter budget: any timeout from half of it to an eighth over it will
+                // do, so a steady caller (a renewal thread) rarely resets the socket.
+                Some(io) => conn.ensure_timeout(io / 2, io + io / 8)?,
+                None => conn.ensure_timeout(io_timeout, io_timeout)?,
             }
             conn.run(&f)
         };
@@ -210,13 +216,13 @@ impl Pool {
         self.freed.notify_one();
     }
 
-    fn put_back(&self, conn: redis::Connection, pid: u32) {
+    fn put_back(&self, conn: redis::Connection, timeout: Duration, process: u64) {
         let mut state = self.lock_state();
-        if state.pid != pid {
+        if state.process != process {
             return;
         }
         if state.idle.len() < self.max_idle {
-            state.idle.push(conn);
+            state.idle.push((conn, timeout));
         } else {
             state.open = state.open.saturating_sub(1);
         }
@@ -233,20 +239,20 @@ pub(crate) struct Conn<'a> {
     reused: bool,
     /// An I/O error or timeout left the stream in an unknown state: never reuse it.
     broken: bool,
-    /// The socket timeouts differ from the pool's and must be restored.
-    custom_timeout: bool,
-    pid: u32,
+    /// The socket's current read and write timeout.
+    timeout: Duration,
+    process: u64,
 }
 
 impl<'a> Conn<'a> {
-    fn new(pool: &'a Pool, conn: redis::Connection, reused: bool) -> Self {
+    fn new(pool: &'a Pool, conn: redis::Connection, timeout: Duration, reused: bool) -> Self {
         Conn {
             pool,
             conn: Some(conn),
             reused,
             broken: false,
-            custom_timeout: false,
-            pid: std::process::id(),
+            timeout,
+            process: process::generation(),
         }
     }
 
@@ -272,26 +278,28 @@ impl<'a> Conn<'a> {
         })
     }
 
-    /// Sets the read and write timeouts for the calls that follow (restored on return to
-    /// the pool).
-    pub fn set_timeout(&mut self, timeout: Duration) -> Result<()> {
-        self.custom_timeout = true;
-        let timeout = timeout.max(Duration::from_millis(1));
-        self.run(|c| set_timeouts(c, timeout))
+    /// Makes the read and write timeout for the calls that follow lie within `[lo, hi]`,
+    /// setting it to `hi` only when it does not already (each change is two system calls).
+    pub fn ensure_timeout(&mut self, lo: Duration, hi: Duration) -> Result<()> {
+        if (lo..=hi).contains(&self.timeout) {
+            return Ok(());
+        }
+        let hi = hi.max(Duration::from_millis(1));
+        self.run(|c| set_timeouts(c, hi))?;
+        self.timeout = hi;
+        Ok(())
     }
 }
 
 impl Drop for Conn<'_> {
     fn drop(&mut self) {
         let Some(conn) = self.conn.take() else { return };
-        let restored =
-            !self.custom_timeout || set_timeouts(&conn, self.pool.connector.io_timeout).is_ok();
-        if self.broken || !restored || !conn.is_open() {
-            if self.pid == std::process::id() {
+        if self.broken || !conn.is_open() {
+            if self.process == process::generation() {
                 self.pool.forget_one();
             }
         } else {
-            self.pool.put_back(conn, self.pid);
+            self.pool.put_back(conn, self.timeout, self.process);
         }
     }
 }

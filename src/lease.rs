@@ -12,6 +12,7 @@ use crate::client::ClientInner;
 use crate::connections::Pool;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
+use crate::process;
 use crate::scripts;
 
 /// Why a held lock was lost.
@@ -44,7 +45,8 @@ pub(crate) struct Lease {
     pub token: String,
     pub fencing_token: u64,
     /// The process that acquired the lock; after `fork()` the child must not touch it.
-    pub pid: u32,
+    process: u64,
+    pid: u32,
     on_lost: Option<LostCallback>,
     state: Mutex<LeaseState>,
     /// Held while a renewal is sent; `true` once closed by a release (see
@@ -82,6 +84,7 @@ impl Lease {
             keys,
             token,
             fencing_token,
+            process: process::generation(),
             pid: std::process::id(),
             on_lost,
             state: Mutex::new(LeaseState {
@@ -129,7 +132,7 @@ impl Lease {
         !s.released
             && s.lost.is_none()
             && Instant::now() < s.deadline
-            && self.pid == std::process::id()
+            && self.process == process::generation()
     }
 
     pub fn remaining(&self) -> Duration {
@@ -183,7 +186,7 @@ impl Lease {
     /// Fails with [`ErrorKind::NotHeld`] unless called from the process that acquired the
     /// lock: a forked child does not hold its parent's locks and must not touch them.
     pub fn check_process(&self) -> Result<()> {
-        if self.pid == std::process::id() {
+        if self.process == process::generation() {
             Ok(())
         } else {
             Err(Error::new(

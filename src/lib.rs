@@ -38,6 +38,7 @@ pub mod ffi;
 mod keys;
 mod lease;
 mod lock;
+mod process;
 mod renewal;
 mod scripts;
 mod waiting;

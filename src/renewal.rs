@@ -19,6 +19,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::lease::{Lease, LostReason};
+use crate::process;
 
 /// Shortest pause between two renewal attempts after a failed one.
 const MIN_RETRY: Duration = Duration::from_millis(10);
@@ -102,23 +103,23 @@ fn run(lease: &Lease, stopped: &Receiver<()>) {
 /// Parked renewal threads, each waiting on its own channel for a job.
 struct Parked {
     /// The process the threads belong to; after `fork()` the child has none of them.
-    pid: u32,
+    process: u64,
     next_id: u64,
     idle: Vec<(u64, Sender<Job>)>,
 }
 
 static PARKED: Mutex<Parked> = Mutex::new(Parked {
-    pid: 0,
+    process: 0,
     next_id: 0,
     idle: Vec::new(),
 });
 
 fn parked() -> MutexGuard<'static, Parked> {
     let mut p = PARKED.lock().unwrap_or_else(|e| e.into_inner());
-    let pid = std::process::id();
-    if p.pid != pid {
+    let current = process::generation();
+    if p.process != current {
         p.idle.clear();
-        p.pid = pid;
+        p.process = current;
     }
     p
 }
@@ -180,7 +181,7 @@ fn work(id: u64, me: Sender<Job>, jobs: &Receiver<Job>) {
         run(&job.lease, &job.stopped);
         drop(job);
         let mut p = parked();
-        if p.idle.len() >= MAX_IDLE || p.pid != std::process::id() {
+        if p.idle.len() >= MAX_IDLE || p.process != process::generation() {
             return;
         }
         p.idle.push((id, me.clone()));

@@ -128,7 +128,8 @@ pub(crate) fn block(
         return Ok(Woken::Retry);
     };
     let mut conn = conn?;
-    conn.set_timeout(delay + pool.connector.io_timeout())?;
+    let io = pool.connector.io_timeout();
+    conn.ensure_timeout(delay + io / 2, delay + io * 2)?;
     let seconds = format!("{:.3}", delay.as_secs_f64());
     let popped = conn.run(|c| {
         redis::cmd("BLPOP")

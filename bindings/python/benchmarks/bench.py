@@ -23,9 +23,11 @@ def w1(client, duration):
 
 
 def w2(client, duration, threads):
+    # Handoff latency of acquisition n: its acquire's return minus the return of release
+    # n - 1 (0 when the lock reached n before that release returned).
     stop = threading.Event()
-    last_release = [0.0]
-    latencies, counts = [], [0] * threads
+    sequence = [0]
+    events, counts = [], [0] * threads
     barrier = threading.Barrier(threads + 1)
 
     def run(i):
@@ -33,13 +35,13 @@ def w2(client, duration, threads):
         barrier.wait()
         while not stop.is_set():
             lk = client.acquire("bench:py:w2", wait=None)
-            now = time.perf_counter()
-            if last_release[0] and now > last_release[0]:
-                mine.append((now - last_release[0]) * 1e6)
+            acquired = time.perf_counter()
+            n = sequence[0]
+            sequence[0] = n + 1
             lk.release()
-            last_release[0] = time.perf_counter()
+            mine.append((n, acquired, time.perf_counter()))
             counts[i] += 1
-        latencies.extend(mine)
+        events.extend(mine)
 
     ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for t in ts:
@@ -51,7 +53,10 @@ def w2(client, duration, threads):
     elapsed = time.perf_counter() - start
     for t in ts:
         t.join()
-    latencies.sort()
+    events.sort()
+    latencies = sorted(
+        max(0.0, b[1] - a[2]) * 1e6 for a, b in zip(events, events[1:]) if b[0] == a[0] + 1
+    )
     pick = lambda p: latencies[int((len(latencies) - 1) * p)] if latencies else float("nan")  # noqa: E731
     return {
         "acquisitions_per_s": sum(counts) / elapsed,

@@ -20,6 +20,28 @@ LostHandler = Callable[["Lock", str], None]
 #: Reasons given to ``on_lost`` handlers and kept in :attr:`Lock.lost_reason`.
 LOST_REASONS = {1: "not_held", 2: "unreachable"}
 
+# Held locks by C handle, for the one lost-lock callback shared by all of them. Weak
+# references: a Lock dropped while held is collected (and released) at once.
+_LIVE: "dict[int, weakref.ref[Lock]]" = {}
+# Losses reported before their Lock was registered.
+_EARLY_LOSS: "dict[int, str]" = {}
+_LOSS_LOCK = threading.Lock()
+
+
+def _lost_from_c(handle: int, reason: int, _user_data: object) -> None:
+    why = LOST_REASONS.get(reason, "unknown")
+    with _LOSS_LOCK:
+        ref = _LIVE.get(handle)
+        lk = ref() if ref is not None else None
+        if lk is None:
+            _EARLY_LOSS[handle] = why
+    if lk is not None:
+        lk._lost(why)
+
+
+# One C callback for every lock (kept alive for the life of the module).
+_on_lost_from_c = _native.LOST_CALLBACK(_lost_from_c)
+
 
 def _key_bytes(key: Key) -> bytes:
     """A lock name as the UTF-8 bytes the C ABI takes. ``bytes`` must be valid UTF-8."""
@@ -240,30 +262,32 @@ class Lock:
         self._renew = renew
         self._on_lost = on_lost
         self._pid = os.getpid()
-        self._fencing_token = 0
-        self._token = ""
-        #: Set (from the renewal thread) when the lock is lost; a worker can wait on it.
-        self.lost = threading.Event()
+        self._fencing_token: Optional[int] = None
+        self._token: Optional[str] = None
+        self._lost_event: Optional[threading.Event] = None
         #: ``"not_held"`` or ``"unreachable"`` once lost.
         self.lost_reason: Optional[str] = None
-        # The C callback holds only a weak reference, so a Lock dropped while held is
-        # collected (and released) at once rather than by the cycle collector.
-        this = weakref.ref(self)
 
-        def lost_from_c(_handle: int, reason: int, _user_data: object) -> None:
-            lk = this()
-            if lk is not None:
-                lk._lost(reason)
+    @property
+    def lost(self) -> threading.Event:
+        """An event set (from the renewal thread) when the lock is lost; a worker can wait
+        on it or check it."""
+        with _LOSS_LOCK:
+            if self._lost_event is None:
+                self._lost_event = threading.Event()
+                if self.lost_reason is not None:
+                    self._lost_event.set()
+            return self._lost_event
 
-        self._callback = _native.LOST_CALLBACK(lost_from_c)
-
-    def _lost(self, reason: int) -> None:
-        # Runs on the renewal thread (ctypes takes the GIL); never let an exception out.
+    def _lost(self, reason: str) -> None:
+        # Runs on the renewal thread (ctypes holds the GIL); never let an exception out.
         try:
-            self.lost_reason = LOST_REASONS.get(reason, "unknown")
-            self.lost.set()
+            with _LOSS_LOCK:
+                self.lost_reason = reason
+                if self._lost_event is not None:
+                    self._lost_event.set()
             if self._on_lost is not None:
-                self._on_lost(self, self.lost_reason)
+                self._on_lost(self, reason)
         except Exception:  # noqa: BLE001
             log.exception("redlease: the on_lost handler raised")
 
@@ -273,13 +297,12 @@ class Lock:
         Raises :class:`LockBusyError` when the wait ended while another owner held it."""
         if self._handle:
             raise InvalidArgumentError("this Lock is already held; make a new one")
-        opts = _native.AcquireOptions()
-        _native.check(lib.lock_acquire_options_init(byref(opts)))
-        opts.renew = self._renew
-        opts.on_lost = self._callback
+        opts = _native.AcquireOptions(self._renew, _on_lost_from_c, None)
         handle = _native.lock_t()
-        self.lost.clear()
         self.lost_reason = None
+        self._fencing_token = self._token = None
+        if self._lost_event is not None:
+            self._lost_event.clear()
         _native.check(
             lib.lock_acquire_opts(
                 self._client.handle, self._key, self._ttl_ms, self._wait_ms, byref(opts), byref(handle)
@@ -290,7 +313,11 @@ class Lock:
         fence = c_uint64()
         _native.check(lib.lock_fencing_token(self._handle, byref(fence)))
         self._fencing_token = fence.value
-        self._token = _native.read_string(lib.lock_token, self._handle, LOCK_TOKEN_MAX)
+        with _LOSS_LOCK:
+            _LIVE[self._handle] = weakref.ref(self)
+            early = _EARLY_LOSS.pop(self._handle, None)
+        if early is not None:
+            self._lost(early)
         return self
 
     def release(self) -> bool:
@@ -300,6 +327,7 @@ class Lock:
         Raises :class:`InvalidHandleError` for a lock already released, and connection or
         server errors when Redis could not be told (the lock then expires after its ttl)."""
         status = lib.lock_release(self._handle)
+        _LIVE.pop(self._handle, None)
         if status == LOCK_NOT_HELD:
             return False
         _native.check(status)
@@ -322,12 +350,15 @@ class Lock:
     @property
     def fencing_token(self) -> int:
         """Larger than that of every earlier acquisition of this key: pass it to the storage,
-        which should reject older tokens."""
-        return self._fencing_token
+        which should reject older tokens. 0 before the lock is acquired."""
+        return self._fencing_token or 0
 
     @property
     def token(self) -> str:
-        """The value stored under the key while held."""
+        """The value stored under the key while held. Read from the library on first use:
+        raises :class:`InvalidHandleError` when first read after the release."""
+        if self._token is None:
+            self._token = _native.read_string(lib.lock_token, self._handle, LOCK_TOKEN_MAX)
         return self._token
 
     @property
@@ -360,13 +391,11 @@ class Lock:
         try:
             if self._handle and self._pid == os.getpid():
                 lib.lock_release(self._handle)
+                _LIVE.pop(self._handle, None)
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
 
     def __repr__(self) -> str:
         if not self._handle:
             return f"<redlease.Lock {self.key!r} not acquired>"
-        return (
-            f"<redlease.Lock {self.key!r} held={self.held} fencing_token={self._fencing_token}"
-            f" token={self._token!r}>"
-        )
+        return f"<redlease.Lock {self.key!r} held={self.held} handle={self._handle:#x}>"
