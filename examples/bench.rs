@@ -156,28 +156,29 @@ impl Bench {
         redis::cmd("DBSIZE").query(&mut self.conn()).unwrap_or(0)
     }
 
-    /// Mean cycle time (µs) of `cycle`, run for the configured duration.
-    fn timed_loop(&self, mut cycle: impl FnMut()) -> f64 {
-        for _ in 0..200 {
-            cycle(); // warm-up: connections, script cache
+    /// Mean cycle time (µs) of `cycle`, run for `duration` after a warm-up.
+    fn timed_loop(duration: Duration, cycle: &mut dyn FnMut()) -> f64 {
+        for _ in 0..50 {
+            cycle(); // warm-up: connections, script cache, renewal threads
         }
         let start = Instant::now();
         let mut n = 0u64;
-        while start.elapsed() < self.cfg.duration {
-            for _ in 0..50 {
+        while start.elapsed() < duration {
+            for _ in 0..20 {
                 cycle();
             }
-            n += 50;
+            n += 20;
         }
         start.elapsed().as_secs_f64() * 1e6 / n as f64
     }
 
-    fn floor_w1(&self) -> f64 {
+    /// The W1 floor: `SET NX PX` then `EVALSHA` of the release script, one connection.
+    fn floor_cycle(&self) -> impl FnMut() + use<> {
         let mut conn = self.conn();
         let script = redis::Script::new(RELEASE_LUA);
         let sha = script.get_hash().to_owned();
         let _: String = script.prepare_invoke().load(&mut conn).expect("load");
-        self.timed_loop(|| {
+        move || {
             let ok: Option<String> = redis::cmd("SET")
                 .arg("bench:floor")
                 .arg("tok")
@@ -194,64 +195,86 @@ impl Bench {
                 .arg("tok")
                 .query(&mut conn)
                 .expect("EVALSHA");
-        })
+        }
     }
 
-    fn rust_w1(&self, client: &Client) -> f64 {
-        self.timed_loop(|| {
-            let guard = client.lock("bench:w1").try_acquire().expect("acquire");
-            guard.release().expect("release");
-        })
+    fn floor_w1(&self) -> f64 {
+        Self::timed_loop(self.cfg.duration, &mut self.floor_cycle())
     }
 
-    fn ffi_w1(&self) -> f64 {
+    /// W1 through the C ABI, as a C program would call it.
+    fn ffi_cycle(&self) -> impl FnMut() + use<> {
         use redlease::ffi::*;
         let url = CString::new(self.url.clone()).unwrap_or_default();
-        let key = c"bench:ffi";
         let mut client: lock_client_t = 0;
         // SAFETY: valid NUL-terminated strings and out-pointers.
         assert_eq!(
             unsafe { lock_client_open(url.as_ptr(), &mut client) },
             LOCK_OK
         );
-        let t = self.timed_loop(|| {
+        move || {
             let mut lock: lock_t = 0;
             // SAFETY: as above.
-            let rc = unsafe { lock_acquire(client, key.as_ptr(), 30_000, 0, &mut lock) };
+            let rc = unsafe { lock_acquire(client, c"bench:ffi".as_ptr(), 30_000, 0, &mut lock) };
             assert_eq!(rc, LOCK_OK);
             assert_eq!(lock_release(lock), LOCK_OK);
-        });
-        lock_client_close(client);
-        t
+        }
     }
 
+    /// W1: the floor, the Rust API and the C ABI measured in alternating slices of 200 ms,
+    /// so that the machine's drift hits all three alike; medians over the slices.
     fn run_w1(&self) {
         let client = Client::open(&self.url).expect("client");
-        let (mut floor, mut rust, mut ffi) = (vec![], vec![], vec![]);
+        let mut floor = self.floor_cycle();
+        let mut rust = || {
+            let guard = client.lock("bench:w1").try_acquire().expect("acquire");
+            guard.release().expect("release");
+        };
+        let mut ffi = self.ffi_cycle();
+        let slice = Duration::from_millis(200);
+        let rounds =
+            self.cfg.reps * (self.cfg.duration.as_millis() / slice.as_millis()).max(1) as usize;
+        let (mut f, mut r, mut c, mut rr, mut cr) = (vec![], vec![], vec![], vec![], vec![]);
         self.reset_stats();
-        for _ in 0..self.cfg.reps {
-            floor.push(self.floor_w1());
-            rust.push(self.rust_w1(&client));
-            ffi.push(self.ffi_w1());
+        for _ in 0..rounds {
+            let floor_us = Self::timed_loop(slice, &mut floor);
+            let rust_us = Self::timed_loop(slice, &mut rust);
+            let ffi_us = Self::timed_loop(slice, &mut ffi);
+            f.push(floor_us);
+            r.push(rust_us);
+            c.push(ffi_us);
+            rr.push(rust_us / floor_us);
+            cr.push(ffi_us / floor_us);
         }
         let script_loads = self.calls(&["script|load"]);
         let evals = self.calls(&["eval"]);
-        let (floor, rust, ffi) = (median(floor), median(rust), median(ffi));
+        let floor = median(f);
         println!(
             "{}",
             Json::default()
                 .str("workload", "W1 uncontended acquire+release")
+                .int("slices", rounds as u64)
                 .num("floor_cycle_us", floor)
-                .num("rust_cycle_us", rust)
-                .num("rust_ratio_to_floor", rust / floor)
-                .num("c_abi_cycle_us", ffi)
-                .num("c_abi_ratio_to_floor", ffi / floor)
+                .num("rust_cycle_us", median(r))
+                .num("rust_ratio_to_floor", median(rr))
+                .num("c_abi_cycle_us", median(c))
+                .num("c_abi_ratio_to_floor", median(cr))
                 .int("script_loads", script_loads)
                 .int("eval_with_script_text", evals)
                 .render()
         );
         if let Some(python) = &self.cfg.python {
-            self.python("w1", python, floor, 1);
+            // Python runs in another process: its floor is measured right before and after.
+            let before = self.floor_w1();
+            let fields = self.python("w1", python, 1);
+            let floor = (before + self.floor_w1()) / 2.0;
+            if let Some(fields) = fields {
+                let cycle = fields.get("cycle_us").copied().unwrap_or(f64::NAN);
+                let json = Self::python_json("W1", &fields)
+                    .num("floor_cycle_us", floor)
+                    .num("cycles_per_s_ratio_to_floor", floor / cycle);
+                println!("{}", json.render());
+            }
         }
     }
 
@@ -344,7 +367,10 @@ impl Bench {
                         mine.push((entry.0, entry.1, epoch.elapsed().as_nanos() as u64));
                         n += 1;
                     }
-                    events.lock().unwrap_or_else(|p| p.into_inner()).extend(mine);
+                    events
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .extend(mine);
                     counts.lock().unwrap_or_else(|p| p.into_inner())[i] = n;
                 });
             }
@@ -406,7 +432,13 @@ impl Bench {
             );
         }
         if let Some(python) = &self.cfg.python {
-            self.python("w2", python, floor_rtt_us, self.cfg.threads);
+            if let Some(fields) = self.python("w2", python, self.cfg.threads) {
+                let p50 = fields.get("handoff_p50_us").copied().unwrap_or(f64::NAN);
+                let json = Self::python_json("W2", &fields)
+                    .num("floor_round_trip_us", floor_rtt_us)
+                    .num("handoff_p50_in_round_trips", p50 / floor_rtt_us);
+                println!("{}", json.render());
+            }
         }
     }
 
@@ -463,8 +495,13 @@ impl Bench {
         );
     }
 
-    /// Runs bindings/python/benchmarks/bench.py and relays its JSON with ratios added.
-    fn python(&self, workload: &str, python: &str, floor: f64, threads: usize) {
+    /// Runs bindings/python/benchmarks/bench.py; its JSON object's numbers.
+    fn python(
+        &self,
+        workload: &str,
+        python: &str,
+        threads: usize,
+    ) -> Option<BTreeMap<String, f64>> {
         let root = env!("CARGO_MANIFEST_DIR");
         let lib = format!("{root}/target/release/libredlease.so");
         let out = std::process::Command::new(python)
@@ -485,40 +522,34 @@ impl Bench {
                     "python bench failed: {}",
                     String::from_utf8_lossy(&out.stderr)
                 );
-                return;
+                return None;
             }
             Err(e) => {
                 eprintln!("python bench not run: {e}");
-                return;
+                return None;
             }
         };
-        let fields: BTreeMap<String, f64> = out
-            .trim()
-            .trim_matches(['{', '}'])
-            .split(',')
-            .filter_map(|kv| {
-                let (k, v) = kv.split_once(':')?;
-                Some((
-                    k.trim().trim_matches('"').to_owned(),
-                    v.trim().parse().ok()?,
-                ))
-            })
-            .collect();
-        let mut json = Json::default().str(
-            "workload",
-            &format!("{} from Python threads", workload.to_uppercase()),
-        );
-        for (k, v) in &fields {
+        Some(
+            out.trim()
+                .trim_matches(['{', '}'])
+                .split(',')
+                .filter_map(|kv| {
+                    let (k, v) = kv.split_once(':')?;
+                    Some((
+                        k.trim().trim_matches('"').to_owned(),
+                        v.trim().parse().ok()?,
+                    ))
+                })
+                .collect(),
+        )
+    }
+
+    fn python_json(workload: &str, fields: &BTreeMap<String, f64>) -> Json {
+        let mut json = Json::default().str("workload", &format!("{workload} from Python threads"));
+        for (k, v) in fields {
             json = json.num(k, *v);
         }
-        if workload == "w1" {
-            let cycle = fields.get("cycle_us").copied().unwrap_or(f64::NAN);
-            json = json.num("cycles_per_s_ratio_to_floor", floor / cycle);
-        } else {
-            let p50 = fields.get("handoff_p50_us").copied().unwrap_or(f64::NAN);
-            json = json.num("handoff_p50_in_round_trips", p50 / floor);
-        }
-        println!("{}", json.render());
+        json
     }
 }
 

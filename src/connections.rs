@@ -94,6 +94,8 @@ struct PoolState {
     idle: Vec<(redis::Connection, Duration)>,
     /// Connections idle or checked out.
     open: usize,
+    /// Callers waiting for a connection to come back (so returns wake only when needed).
+    waiting: usize,
     /// The process the connections belong to; after `fork()` the child starts afresh.
     process: u64,
 }
@@ -107,6 +109,7 @@ impl Pool {
             state: Mutex::new(PoolState {
                 idle: Vec::new(),
                 open: 0,
+                waiting: 0,
                 process: process::generation(),
             }),
             freed: Condvar::new(),
@@ -121,6 +124,7 @@ impl Pool {
             // descriptor in the child does not affect the parent) and start afresh.
             state.idle.clear();
             state.open = 0;
+            state.waiting = 0;
             state.process = current;
         }
         state
@@ -160,11 +164,13 @@ impl Pool {
                     ),
                 ));
             }
+            state.waiting += 1;
             state = self
                 .freed
                 .wait_timeout(state, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            state.waiting -= 1;
         }
     }
 
@@ -212,8 +218,11 @@ impl Pool {
     fn forget_one(&self) {
         let mut state = self.lock_state();
         state.open = state.open.saturating_sub(1);
+        let wake = state.waiting > 0;
         drop(state);
-        self.freed.notify_one();
+        if wake {
+            self.freed.notify_one();
+        }
     }
 
     fn put_back(&self, conn: redis::Connection, timeout: Duration, process: u64) {
@@ -226,8 +235,11 @@ impl Pool {
         } else {
             state.open = state.open.saturating_sub(1);
         }
+        let wake = state.waiting > 0;
         drop(state);
-        self.freed.notify_one();
+        if wake {
+            self.freed.notify_one();
+        }
     }
 }
 

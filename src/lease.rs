@@ -14,6 +14,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::process;
 use crate::scripts;
+use crate::token;
 
 /// Why a held lock was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,7 +47,6 @@ pub(crate) struct Lease {
     pub fencing_token: u64,
     /// The process that acquired the lock; after `fork()` the child must not touch it.
     process: u64,
-    pid: u32,
     on_lost: Option<LostCallback>,
     state: Mutex<LeaseState>,
     /// Held while a renewal is sent; `true` once closed by a release (see
@@ -85,7 +85,6 @@ impl Lease {
             token,
             fencing_token,
             process: process::generation(),
-            pid: std::process::id(),
             on_lost,
             state: Mutex::new(LeaseState {
                 ttl,
@@ -192,8 +191,8 @@ impl Lease {
             Err(Error::new(
                 ErrorKind::NotHeld,
                 format!(
-                    "lock {:?} is held by process {}, not by this forked child",
-                    self.keys.lock, self.pid
+                    "lock {:?} is held by the process that acquired it, not by this forked child",
+                    self.keys.lock
                 ),
             ))
         }
@@ -226,7 +225,7 @@ impl Lease {
     /// `Ok(false)`: the key no longer held the token.
     pub fn release_on_server(&self) -> Result<bool> {
         let client = &self.client;
-        let handoff_token = format!("{}:handoff", uuid::Uuid::new_v4());
+        let handoff_token = token::new_token("handoff");
         let ttl_ms = self.ttl().as_millis() as u64;
         let released: i64 = client.pool.run(client.options.pool_wait, None, |c| {
             scripts::RELEASE
@@ -237,7 +236,7 @@ impl Lease {
                 .arg(&self.token)
                 .arg(&handoff_token)
                 .arg(ttl_ms)
-                .arg(scripts::FENCE_IDLE_MS)
+                .arg(scripts::FENCE_TTL_MS)
                 .invoke(c)
         })?;
         Ok(released != 0)

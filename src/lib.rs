@@ -41,6 +41,7 @@ mod lock;
 mod process;
 mod renewal;
 mod scripts;
+mod token;
 mod waiting;
 
 pub use client::{Client, ClientOptions};

@@ -13,6 +13,7 @@ use crate::keys::LockKeys;
 use crate::lease::{Lease, LostCallback, LostReason, ttl_millis};
 use crate::renewal::Renewal;
 use crate::scripts;
+use crate::token;
 use crate::waiting::{self, Backoff, Wait, Woken};
 
 /// The ttl used when none is given.
@@ -97,7 +98,7 @@ impl<'a> LockBuilder<'a> {
         let ttl_ms = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(ttl_ms);
         let keys = LockKeys::new(&inner.options.key_prefix, name)?;
-        let token = format!("{}:{}", uuid::Uuid::new_v4(), inner.owner_label);
+        let token = token::new_token(&inner.owner_label);
         let registration_ms = waiting::registration_ms(inner.options.io_timeout);
         let hold = |keys: LockKeys, token: String, fencing_token, ttl, since| {
             let on_lost = on_lost.clone();
@@ -129,7 +130,7 @@ impl<'a> LockBuilder<'a> {
                         .key(&keys.waiters)
                         .arg(&token)
                         .arg(ttl_ms)
-                        .arg(scripts::FENCE_IDLE_MS)
+                        .arg(scripts::FENCE_TTL_MS)
                         .arg(mode)
                         .arg(registration_ms)
                         .invoke(c)

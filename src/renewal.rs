@@ -1,16 +1,17 @@
 //! The renewal thread (watchdog) of each held lock.
 //!
 //! Every renewed lock has a thread of its own for as long as it is held. The thread renews
-//! every ttl/3 with the token-checked script and waits between renewals on a
-//! `crossbeam_channel` receive with a timeout, so that a release stops it at once. A
-//! renewal that finds the token gone, or that cannot reach Redis before the lease's local
-//! deadline, marks the lock lost and ends the renewal: no renewal is sent after that.
+//! every ttl/3 with the token-checked script, sleeping in between on a `crossbeam_channel`
+//! receive with a deadline. A renewal that finds the token gone, or that cannot reach Redis
+//! before the lease's local deadline, marks the lock lost and ends the renewal: no renewal
+//! is sent after that.
 //!
 //! No renewal after a release: each renewal is sent while holding the lease's renewal gate,
 //! and [`Renewal::stop`] closes that gate (waiting for a renewal in flight) before the
-//! release is sent. The thread itself is not joined: once it sees the stop it parks, ready
-//! to serve the next lock, so acquiring a lock does not cost a thread spawn. Parked threads
-//! exit after [`IDLE_TIMEOUT`].
+//! release is sent. From then on the thread is free. It is not joined: it parks, ready to
+//! renew the next lock, so acquiring a lock costs no thread spawn. A parked thread whose own
+//! wake-up comes before the next lock's first renewal gets that lock without even being
+//! woken. Parked threads exit after [`IDLE_TIMEOUT`].
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -31,86 +32,70 @@ const MAX_IDLE: usize = 256;
 /// The renewal of one held lock; stop it with [`Renewal::stop`].
 pub(crate) struct Renewal {
     lease: Arc<Lease>,
-    stop: Sender<()>,
+    worker: Arc<Worker>,
+    job: u64,
 }
 
-/// A lock for a renewal thread to renew until `stopped` fires or disconnects.
+/// A lock for a renewal thread, and when it is first due.
 struct Job {
+    id: u64,
     lease: Arc<Lease>,
-    stopped: Receiver<()>,
+    due: Instant,
 }
 
-impl Renewal {
-    /// Gives `lease` a renewal thread: a parked one, or a new one.
-    ///
-    /// Errors: [`ErrorKind::Internal`] when the OS refuses a new thread.
-    pub fn start(lease: Arc<Lease>) -> Result<Renewal> {
-        let (stop, stopped) = crossbeam_channel::bounded(0);
-        dispatch(Job {
-            lease: lease.clone(),
-            stopped,
-        })?;
-        Ok(Renewal { lease, stop })
-    }
-
-    /// Stops renewing: when this returns, no renewal of the lock is in flight and none will
-    /// be sent. Waits only for a renewal in flight (bounded by the lease's validity); safe
-    /// to call from the renewal thread itself (a lost-lock callback that releases).
-    pub fn stop(self) {
-        self.lease.close_renewal_gate();
-        drop(self.stop);
-    }
+/// A renewal thread, as seen by the others.
+struct Worker {
+    /// The job the thread works for, 0 when free. Changed only under [`PARKED`]'s lock.
+    assigned: Mutex<u64>,
+    /// Handed-over job and the thread's next wake-up, under one lock so that a job is
+    /// never left unseen.
+    state: Mutex<WorkerState>,
+    /// Wakes the thread early.
+    poke: Sender<()>,
+    /// The process the thread runs in: a forked child must never hand it work.
+    process: u64,
 }
 
-fn run(lease: &Lease, stopped: &Receiver<()>) {
-    let mut pause = lease.ttl() / 3;
-    loop {
-        match stopped.recv_timeout(pause) {
-            Err(RecvTimeoutError::Timeout) => {}
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
-        }
-        let deadline = lease.deadline();
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            lease.mark_lost(LostReason::Unreachable);
-            return;
-        }
-        let ttl = lease.ttl();
-        let renewed = {
-            let Some(_gate) = lease.renewal_gate() else {
-                return; // released meanwhile
-            };
-            if lease.lost().is_some() {
-                return;
-            }
-            lease.extend_on(&lease.client.renewal_pool, ttl, left)
+struct WorkerState {
+    mailbox: Option<Job>,
+    wake_at: Instant,
+}
+
+impl Worker {
+    fn state(&self) -> MutexGuard<'_, WorkerState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn assigned(&self) -> MutexGuard<'_, u64> {
+        self.assigned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands `job` over, waking the thread only if it would otherwise sleep past the due
+    /// time.
+    fn hand_over(&self, job: Job) {
+        let due = job.due;
+        let wake_at = {
+            let mut state = self.state();
+            state.mailbox = Some(job);
+            state.wake_at
         };
-        match renewed {
-            Ok(true) => pause = ttl / 3,
-            Ok(false) => {
-                lease.mark_lost(LostReason::NotHeld);
-                return;
-            }
-            Err(e) => {
-                log::warn!("renewing lock {:?} failed, retrying: {e}", lease.keys.lock);
-                let left = deadline.saturating_duration_since(Instant::now());
-                pause = (ttl / 10).max(MIN_RETRY).min(left);
-            }
+        if wake_at > due {
+            let _ = self.poke.try_send(());
         }
     }
 }
 
-/// Parked renewal threads, each waiting on its own channel for a job.
+/// Free renewal threads.
 struct Parked {
     /// The process the threads belong to; after `fork()` the child has none of them.
     process: u64,
-    next_id: u64,
-    idle: Vec<(u64, Sender<Job>)>,
+    next_job: u64,
+    idle: Vec<Arc<Worker>>,
 }
 
 static PARKED: Mutex<Parked> = Mutex::new(Parked {
     process: 0,
-    next_id: 0,
+    next_job: 0,
     idle: Vec::new(),
 });
 
@@ -124,66 +109,172 @@ fn parked() -> MutexGuard<'static, Parked> {
     p
 }
 
-fn dispatch(mut job: Job) -> Result<()> {
-    loop {
-        let Some((_, worker)) = parked().idle.pop() else {
-            break;
-        };
-        match worker.send(job) {
-            Ok(()) => return Ok(()),
-            Err(crossbeam_channel::SendError(returned)) => job = returned,
-        }
+/// Frees `worker` from `job` (once: later calls for the same job do nothing).
+fn free(worker: &Arc<Worker>, job: u64) {
+    let mut p = parked();
+    let mut assigned = worker.assigned();
+    if *assigned != job || worker.process != p.process {
+        return;
     }
-    let id = {
-        let mut p = parked();
-        p.next_id += 1;
-        p.next_id
-    };
-    let (worker, jobs) = crossbeam_channel::bounded(1);
-    let _ = worker.send(job);
+    *assigned = 0;
+    if p.idle.len() < MAX_IDLE {
+        p.idle.push(worker.clone());
+    }
+}
+
+impl Renewal {
+    /// Gives `lease` a renewal thread: a parked one, or a new one.
+    ///
+    /// Errors: [`ErrorKind::Internal`] when the OS refuses a new thread.
+    pub fn start(lease: Arc<Lease>) -> Result<Renewal> {
+        let due = Instant::now() + lease.ttl() / 3;
+        let (worker, id) = {
+            let mut p = parked();
+            p.next_job += 1;
+            let id = p.next_job;
+            // Prefer a thread that wakes up on its own in time.
+            let pick = p
+                .idle
+                .iter()
+                .position(|w| w.state().wake_at <= due)
+                .or_else(|| p.idle.len().checked_sub(1));
+            let worker = pick.map(|i| p.idle.swap_remove(i));
+            if let Some(w) = &worker {
+                *w.assigned() = id;
+            }
+            (worker, id)
+        };
+        let job = Job {
+            id,
+            lease: lease.clone(),
+            due,
+        };
+        let worker = match worker {
+            Some(worker) => {
+                worker.hand_over(job);
+                worker
+            }
+            None => spawn(job)?,
+        };
+        Ok(Renewal {
+            lease,
+            worker,
+            job: id,
+        })
+    }
+
+    /// Stops renewing: when this returns, no renewal of the lock is in flight and none will
+    /// be sent. Waits only for a renewal in flight (bounded by the lease's validity); safe
+    /// to call from the renewal thread itself (a lost-lock callback that releases).
+    pub fn stop(self) {
+        self.lease.close_renewal_gate();
+        free(&self.worker, self.job);
+    }
+}
+
+fn spawn(job: Job) -> Result<Arc<Worker>> {
+    let (poke, poked) = crossbeam_channel::bounded(1);
+    let id = job.id;
+    let worker = Arc::new(Worker {
+        assigned: Mutex::new(id),
+        state: Mutex::new(WorkerState {
+            mailbox: Some(job),
+            wake_at: Instant::now(),
+        }),
+        poke,
+        process: process::generation(),
+    });
+    let me = worker.clone();
     std::thread::Builder::new()
         .name("redlease-renew".into())
         .stack_size(128 * 1024)
-        .spawn(move || work(id, worker, &jobs))
-        .map(drop)
+        .spawn(move || work(&me, &poked))
         .map_err(|e| {
             Error::new(
                 ErrorKind::Internal,
                 format!("cannot start a renewal thread: {e}"),
             )
-        })
+        })?;
+    Ok(worker)
 }
 
 /// A renewal thread: renews one lock at a time, parking in between.
-fn work(id: u64, me: Sender<Job>, jobs: &Receiver<Job>) {
+fn work(me: &Arc<Worker>, poked: &Receiver<()>) {
+    let mut current: Option<Job> = None;
+    let mut idle_since = Instant::now();
     loop {
-        let job = match jobs.recv_timeout(IDLE_TIMEOUT) {
-            Ok(job) => job,
-            Err(RecvTimeoutError::Disconnected) => return,
-            Err(RecvTimeoutError::Timeout) => {
+        let wake_at = {
+            let mut state = me.state();
+            if let Some(job) = state.mailbox.take() {
+                current = Some(job);
+            }
+            state.wake_at = match &current {
+                Some(job) => job.due,
+                None => idle_since + IDLE_TIMEOUT,
+            };
+            state.wake_at
+        };
+        if wake_at > Instant::now() {
+            match poked.recv_deadline(wake_at) {
+                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if me.state().mailbox.is_some() {
+                continue;
+            }
+        }
+        match current.take() {
+            Some(job) if job.lease.renewal_gate().is_none() => idle_since = Instant::now(),
+            Some(mut job) if Instant::now() >= job.due => match renew(&job.lease) {
+                Some(next) => {
+                    job.due = next;
+                    current = Some(job);
+                }
+                None => {
+                    free(me, job.id);
+                    idle_since = Instant::now();
+                }
+            },
+            Some(job) => current = Some(job),
+            None if Instant::now() >= idle_since + IDLE_TIMEOUT => {
                 let mut p = parked();
-                match p.idle.iter().position(|(i, _)| *i == id) {
-                    Some(at) => {
-                        p.idle.swap_remove(at);
-                        return;
-                    }
-                    // Taken off the list a moment ago: its job is on the way.
-                    None => {
-                        drop(p);
-                        match jobs.recv() {
-                            Ok(job) => job,
-                            Err(_) => return,
-                        }
-                    }
+                if *me.assigned() == 0 {
+                    p.idle.retain(|w| !Arc::ptr_eq(w, me));
+                    return;
                 }
             }
-        };
-        run(&job.lease, &job.stopped);
-        drop(job);
-        let mut p = parked();
-        if p.idle.len() >= MAX_IDLE || p.process != process::generation() {
-            return;
+            None => {}
         }
-        p.idle.push((id, me.clone()));
+    }
+}
+
+/// One renewal of `lease`: the time of the next one, or `None` when the renewal is over
+/// (the lock was lost or released).
+fn renew(lease: &Lease) -> Option<Instant> {
+    let deadline = lease.deadline();
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        lease.mark_lost(LostReason::Unreachable);
+        return None;
+    }
+    let ttl = lease.ttl();
+    let renewed = {
+        let _gate = lease.renewal_gate()?;
+        if lease.lost().is_some() {
+            return None;
+        }
+        lease.extend_on(&lease.client.renewal_pool, ttl, left)
+    };
+    match renewed {
+        Ok(true) => Some(Instant::now() + ttl / 3),
+        Ok(false) => {
+            lease.mark_lost(LostReason::NotHeld);
+            None
+        }
+        Err(e) => {
+            log::warn!("renewing lock {:?} failed, retrying: {e}", lease.keys.lock);
+            let left = deadline.saturating_duration_since(Instant::now());
+            Some(Instant::now() + (ttl / 10).max(MIN_RETRY).min(left))
+        }
     }
 }

@@ -17,22 +17,24 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// How long a fencing counter survives without acquisitions. Expiry is safe: a missing
-/// counter is seeded from the server clock, which is above every token handed out before.
-pub(crate) const FENCE_IDLE_MS: u64 = 7 * 24 * 3600 * 1000;
+/// How long a fencing counter lives. Expiry is safe: a missing counter is seeded from the
+/// server clock, which is above every token handed out before; so the counter is given its
+/// expiry once, when seeded, and never refreshed (one command less per acquisition).
+pub(crate) const FENCE_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 
-/// `next_fence(key, idle_ms)`: the next fencing token of a lock. A missing counter (first
+/// `next_fence(key, expiry_ms)`: the next fencing token of a lock. A missing counter (first
 /// use, expiry, or a restart without persistence) is seeded with the server time in
 /// microseconds, so tokens keep increasing across such a loss as long as the server clock
 /// does not step backwards.
 const NEXT_FENCE: &str = r"
-local function next_fence(key, idle_ms)
-  if redis.call('EXISTS', key) == 0 then
-    local now = redis.call('TIME')
-    redis.call('SET', key, now[1] .. string.format('%06d', tonumber(now[2])))
-  end
+local function next_fence(key, expiry_ms)
   local fence = redis.call('INCR', key)
-  redis.call('PEXPIRE', key, idle_ms)
+  if fence == 1 then
+    local now = redis.call('TIME')
+    local seeded = now[1] .. string.format('%06d', tonumber(now[2]))
+    redis.call('SET', key, seeded, 'PX', expiry_ms)
+    fence = tonumber(seeded)
+  end
   return fence
 end
 ";
@@ -47,7 +49,7 @@ pub(crate) const MODE_COUNTED_WAITER: u8 = 2;
 /// Acquire: `SET lock token NX PX ttl`, and on success the next fencing token.
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] waiters counter
-/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] counter idle expiry ms, ARGV[4] mode
+/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] counter expiry ms (when seeded), ARGV[4] mode
 ///   (`MODE_*`), ARGV[5] how long a waiter's count lives, ms
 /// - Returns `{1, fencing_token}` when acquired, `{0, pttl_ms}` when another owner holds it
 ///   (`pttl_ms` is -1 for a key without expiry).
@@ -100,7 +102,7 @@ return {0, redis.call('PTTL', KEYS[1])}
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] waiters counter
 /// - ARGV[1] token, ARGV[2] fresh token for a handoff, ARGV[3] ttl of a handoff in ms,
-///   ARGV[4] counter idle expiry ms
+///   ARGV[4] counter expiry ms (when seeded)
 /// - Returns 1 when released, 2 when handed to a waiter, 0 when the key no longer held the
 ///   token.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {

@@ -155,3 +155,29 @@ fn renewal_is_not_starved_when_callers_hold_every_pooled_connection() {
     drop(holder);
     guard.release().unwrap();
 }
+
+#[test]
+fn a_reused_renewal_thread_renews_its_next_lock_in_time() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    // A long lease leaves its renewal thread parked with a wake-up 10 s away; the short
+    // lock that reuses the thread needs its first renewal within 100 ms.
+    for ttl in [Duration::from_secs(30), TTL, Duration::from_secs(30), TTL] {
+        client
+            .lock("first")
+            .ttl(ttl)
+            .try_acquire()
+            .unwrap()
+            .release()
+            .unwrap();
+        let guard = client.lock("second").ttl(TTL).try_acquire().unwrap();
+        std::thread::sleep(TTL * 3);
+        assert!(
+            guard.is_held(),
+            "after a {ttl:?} lease, the next lock was not renewed"
+        );
+        let stored: Option<String> = server.cmd(&["GET", "second"]);
+        assert_eq!(stored.as_deref(), Some(guard.token()));
+        guard.release().unwrap();
+    }
+}

@@ -1,0 +1,84 @@
+//! Lock tokens: UUIDv4 values drawn from the operating system's CSPRNG.
+//!
+//! Bytes are fetched from the OS (`getrandom(2)`) a page at a time and used once each, so a
+//! token costs no system call of its own. A forked child discards the buffer it inherited,
+//! so parent and child never hand out the same token.
+
+use std::cell::RefCell;
+
+use crate::process;
+
+const BATCH: usize = 4096;
+
+struct Pool {
+    bytes: [u8; BATCH],
+    used: usize,
+    process: u64,
+}
+
+thread_local! {
+    static RANDOM: RefCell<Pool> = const {
+        RefCell::new(Pool { bytes: [0; BATCH], used: BATCH, process: u64::MAX })
+    };
+}
+
+/// 16 fresh random bytes from the OS CSPRNG.
+fn random_16() -> [u8; 16] {
+    RANDOM
+        .try_with(|pool| {
+            let mut pool = pool.borrow_mut();
+            let current = process::generation();
+            if pool.used + 16 > BATCH || pool.process != current {
+                fill(&mut pool.bytes);
+                pool.used = 0;
+                pool.process = current;
+            }
+            let mut out = [0u8; 16];
+            out.copy_from_slice(&pool.bytes[pool.used..pool.used + 16]);
+            pool.used += 16;
+            out
+        })
+        .unwrap_or_else(|_| *uuid::Uuid::new_v4().as_bytes())
+}
+
+fn fill(buf: &mut [u8]) {
+    let mut filled = 0;
+    while filled < buf.len() {
+        // SAFETY: writes at most the remaining length into our own buffer.
+        let n =
+            unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
+        if n > 0 {
+            filled += n as usize;
+        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // No getrandom(2) (very old kernels): the uuid crate's own source.
+            for chunk in buf[filled..].chunks_mut(16) {
+                let bytes = *uuid::Uuid::new_v4().as_bytes();
+                chunk.copy_from_slice(&bytes[..chunk.len()]);
+            }
+            return;
+        }
+    }
+}
+
+/// A fresh token: a UUIDv4 (122 random bits), then `:` and `label`.
+pub(crate) fn new_token(label: &str) -> String {
+    let uuid = uuid::Builder::from_random_bytes(random_16()).into_uuid();
+    format!("{uuid}:{label}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_version_4_uuids_and_distinct() {
+        let tokens: std::collections::HashSet<String> =
+            (0..1000).map(|_| new_token("me")).collect();
+        assert_eq!(tokens.len(), 1000);
+        for t in tokens.iter().take(10) {
+            let (uuid, label) = t.split_once(':').unwrap();
+            assert_eq!(label, "me");
+            assert_eq!(uuid::Uuid::parse_str(uuid).unwrap().get_version_num(), 4);
+        }
+    }
+}
