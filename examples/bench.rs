@@ -51,11 +51,12 @@ impl Config {
             let value = || args.get(i + 1).cloned().unwrap_or_default();
             match args[i].as_str() {
                 "--smoke" => {
-                    c.duration = Duration::from_millis(300);
+                    c.duration = Duration::from_millis(400);
                     c.reps = 1;
                     c.w3_locks = 50;
                     c.w3_secs = 2;
-                    i -= 1;
+                    i += 1;
+                    continue;
                 }
                 "--duration" => {
                     c.duration = Duration::from_secs_f64(value().parse().unwrap_or(3.0))
@@ -338,7 +339,8 @@ impl Bench {
         let epoch = Instant::now();
         // Acquisitions are numbered in order (the number is drawn inside the critical
         // section); handoff latency of acquisition n = its acquire's return minus the
-        // return of release n - 1 (0 when the lock reached n before that release returned).
+        // return of release n - 1 (negative when the lock reached n before that release
+        // returned).
         let sequence = AtomicU64::new(0);
         let events = Mutex::new(Vec::<(u64, u64, u64)>::new()); // (n, acquired ns, released ns)
         let counts = Mutex::new(vec![0u64; threads]);
@@ -385,7 +387,7 @@ impl Bench {
         let mut lat: Vec<f64> = events
             .windows(2)
             .filter(|w| w[1].0 == w[0].0 + 1)
-            .map(|w| w[1].1.saturating_sub(w[0].2) as f64 / 1000.0)
+            .map(|w| (w[1].1 as i64 - w[0].2 as i64) as f64 / 1000.0)
             .collect();
         let requests = self.calls(commands) - before;
         let counts = counts.into_inner().unwrap_or_default();

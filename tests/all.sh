@@ -24,6 +24,11 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 step "cargo test (Rust and C tests)"
 cargo test
 
+step "benchmark smoke run (a few seconds; figures are not checked)"
+cargo build --quiet --release --lib
+cargo run --quiet --release --example bench -- --smoke \
+  || { echo "the benchmark smoke run failed" >&2; exit 1; }
+
 step "Python: pip install ./bindings/python (builds and bundles libredlease.so), then pytest"
 python3 -m venv target/venv
 target/venv/bin/pip install --quiet --disable-pip-version-check pytest redis ./bindings/python
