@@ -147,16 +147,14 @@ impl<'a> LockBuilder<'a> {
                     format!("lock {:?} is held by another owner", keys.lock),
                 )
             };
-            if mode == scripts::MODE_ONCE {
+            if mode == scripts::MODE_ONCE || mode == scripts::MODE_LAST_ATTEMPT {
                 return Err(busy());
             }
             mode = scripts::MODE_COUNTED_WAITER;
             match waiting::block(&inner.pool, &keys, wait, &mut backoff, value)? {
                 Woken::Retry => {}
-                Woken::Expired => {
-                    waiting::cancel(&inner.pool, &keys, inner.options.pool_wait);
-                    return Err(busy());
-                }
+                // One more attempt, which also stops counting this waiter.
+                Woken::Expired => mode = scripts::MODE_LAST_ATTEMPT,
                 Woken::Handoff {
                     token: handed,
                     fencing_token,

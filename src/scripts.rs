@@ -39,12 +39,14 @@ local function next_fence(key, expiry_ms)
 end
 ";
 
-/// Acquire modes (ARGV[4] of [`ACQUIRE`]).
+/// Acquire modes (ARGV[4] of [`ACQUIRE`]): a single attempt, counted as no waiter.
 pub(crate) const MODE_ONCE: u8 = 0;
 /// A failed attempt counts the caller as a new waiter.
 pub(crate) const MODE_NEW_WAITER: u8 = 1;
 /// The caller is already counted as a waiter; a grant uncounts it.
 pub(crate) const MODE_COUNTED_WAITER: u8 = 2;
+/// The last attempt of a counted waiter whose wait is over: uncounted whatever the outcome.
+pub(crate) const MODE_LAST_ATTEMPT: u8 = 3;
 
 /// Acquire: `SET lock token NX PX ttl`, and on success the next fencing token.
 ///
@@ -56,15 +58,21 @@ pub(crate) const MODE_COUNTED_WAITER: u8 = 2;
 ///
 /// Also acquired: a key that already holds the same token (an attempt repeated after a lost
 /// reply), and a pending handoff nobody was blocked to take (the handoff's fencing token is
-/// kept).
+/// kept). The release that made the handoff uncounted one waiter for it: a counted caller
+/// is that waiter; anyone else took it from a waiter still waiting, whose count comes back.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{NEXT_FENCE}{}",
         r"
 local mode = tonumber(ARGV[4])
-local function granted(fence)
-  if mode == 2 and tonumber(redis.call('GET', KEYS[4]) or '0') > 0 then
+local function uncount()
+  if tonumber(redis.call('GET', KEYS[4]) or '0') > 0 then
     redis.call('DECR', KEYS[4])
+  end
+end
+local function granted(fence)
+  if mode >= 2 then
+    uncount()
   end
   return {1, fence}
 end
@@ -81,8 +89,15 @@ if holder and pending then
   if token == holder then
     redis.call('DEL', KEYS[3])
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    return granted(tonumber(fence))
+    if mode < 2 and redis.call('EXISTS', KEYS[4]) == 1 then
+      redis.call('INCR', KEYS[4])
+    end
+    return {1, tonumber(fence)}
   end
+end
+if mode == 3 then
+  uncount()
+  return {0, redis.call('PTTL', KEYS[1])}
 end
 if mode == 1 then
   redis.call('INCR', KEYS[4])
@@ -125,22 +140,6 @@ redis.call('DEL', KEYS[1])
 return 1
 "
     ))
-});
-
-/// Cancel: a waiter that gives up stops counting itself.
-///
-/// - KEYS[1] waiters counter
-/// - Returns the remaining count.
-pub(crate) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local n = tonumber(redis.call('GET', KEYS[1]) or '0')
-if n > 0 then
-  return redis.call('DECR', KEYS[1])
-end
-return 0
-",
-    )
 });
 
 /// Extend (renew): set a new ttl only while the lock holds our token.

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use crate::connections::Pool;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::scripts;
 
 /// First backoff delay; doubles per attempt up to [`MAX_DELAY`].
 const MIN_DELAY: Duration = Duration::from_millis(500);
@@ -162,16 +161,6 @@ fn parse_handoff(element: &str) -> Result<Woken> {
             ErrorKind::Server,
             format!("malformed handoff {element:?} on the wake list"),
         )),
-    }
-}
-
-/// Stops counting a waiter that gives up. Best effort: a count that is not removed expires.
-pub(crate) fn cancel(pool: &Pool, keys: &LockKeys, checkout: Duration) {
-    let result = pool.run(checkout, None, |c| {
-        scripts::CANCEL.key(&keys.waiters).invoke::<i64>(c)
-    });
-    if let Err(e) = result {
-        log::debug!("could not uncount a waiter of {:?}: {e}", keys.lock);
     }
 }
 

@@ -209,6 +209,8 @@ fn eight_threads_keep_a_non_atomic_counter_exact() {
     }
     let count: i64 = server.cmd(&["GET", "counter"]);
     assert_eq!(count, (THREADS * ROUNDS) as i64);
+    let waiting: Option<i64> = server.cmd(&["GET", "redlease:waiters:{counter-lock}"]);
+    assert_eq!(waiting.unwrap_or(0), 0, "every waiter was uncounted");
     // Nothing piles up: besides the counter and the fencing counter, every key expires.
     let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
     assert!(keys.len() <= 4, "{keys:?}");
@@ -393,7 +395,17 @@ fn a_handoff_nobody_was_blocked_for_is_claimed_by_the_next_attempt() {
     let value: String = server.cmd(&["GET", "pending"]);
     assert!(value.ends_with(":handoff"), "{value}");
     let before: i64 = server.cmd(&["GET", "redlease:fence:{pending}"]);
+    let waiting: i64 = server.cmd(&["GET", "redlease:waiters:{pending}"]);
+    assert_eq!(
+        waiting, 0,
+        "the release reserved the handoff for the one counted waiter"
+    );
     let guard = client.lock("pending").try_acquire().unwrap();
+    let waiting: i64 = server.cmd(&["GET", "redlease:waiters:{pending}"]);
+    assert_eq!(
+        waiting, 1,
+        "an uncounted caller took the handoff: the waiter is counted again"
+    );
     assert_eq!(
         guard.fencing_token() as i64,
         before,
@@ -402,6 +414,33 @@ fn a_handoff_nobody_was_blocked_for_is_claimed_by_the_next_attempt() {
     assert!(!server.cmd::<bool>(&["EXISTS", "redlease:wake:{pending}"]));
     let stored: String = server.cmd(&["GET", "pending"]);
     assert_eq!(stored, guard.token());
+}
+
+#[test]
+fn waiters_that_give_up_are_uncounted_and_a_lock_freed_at_the_deadline_is_taken() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let holder = client.lock("give-up").try_acquire().unwrap();
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                client
+                    .lock("give-up")
+                    .acquire_timeout(Duration::from_millis(300))
+                    .map(drop)
+            })
+        })
+        .collect();
+    for w in waiters {
+        assert_eq!(w.join().unwrap().unwrap_err().kind(), ErrorKind::Busy);
+    }
+    let waiting: i64 = server.cmd(&["GET", "redlease:waiters:{give-up}"]);
+    assert_eq!(waiting, 0);
+    // A release that happens while nobody is blocked: the next release must delete the key
+    // rather than hand it to a waiter who is gone.
+    holder.release().unwrap();
+    assert!(!server.cmd::<bool>(&["EXISTS", "give-up"]));
 }
 
 #[test]
