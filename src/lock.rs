@@ -100,9 +100,9 @@ impl<'a> LockBuilder<'a> {
         let keys = LockKeys::new(&inner.options.key_prefix, name)?;
         let token = token::new_token(&inner.owner_label);
         let registration_ms = waiting::registration_ms(inner.options.io_timeout);
-        let hold = |keys: LockKeys, token: String, fencing_token, ttl, since| {
+        let lease = |keys: LockKeys, token: String, fencing_token, ttl, since| {
             let on_lost = on_lost.clone();
-            let lease = Lease::new(
+            Lease::new(
                 inner.clone(),
                 keys,
                 token,
@@ -110,8 +110,7 @@ impl<'a> LockBuilder<'a> {
                 ttl,
                 since,
                 on_lost,
-            );
-            LockGuard::start(lease, renew)
+            )
         };
         let mut mode = if wait == Wait::No {
             scripts::MODE_ONCE
@@ -139,7 +138,7 @@ impl<'a> LockBuilder<'a> {
                 let fencing_token = u64::try_from(value).map_err(|_| {
                     Error::new(ErrorKind::Server, format!("bad fencing token {value}"))
                 })?;
-                return hold(keys, token, fencing_token, ttl, sent_at);
+                return LockGuard::start(lease(keys, token, fencing_token, ttl, sent_at), renew);
             }
             let busy = || {
                 Error::new(
@@ -161,15 +160,20 @@ impl<'a> LockBuilder<'a> {
                     ttl: handed_ttl,
                     at,
                 } => {
-                    let guard = hold(keys.clone(), handed, fencing_token, handed_ttl, at)?;
+                    let lease = lease(keys.clone(), handed, fencing_token, handed_ttl, at);
                     if handed_ttl == ttl {
-                        return Ok(guard);
+                        return LockGuard::start(lease, renew);
                     }
-                    match guard.extend(ttl) {
-                        Ok(()) => return Ok(guard),
-                        // Lost at once (it expired in flight): wait on, counted anew.
-                        Err(e) if e.is_not_held() => mode = scripts::MODE_NEW_WAITER,
-                        Err(e) => return Err(e),
+                    // The releaser's lease: make it the one this caller asked for.
+                    match lease.extend_on(&inner.pool, ttl, inner.options.pool_wait) {
+                        Ok(true) => return LockGuard::start(lease, renew),
+                        // Expired in flight: nothing is held; wait on, counted anew.
+                        Ok(false) => mode = scripts::MODE_NEW_WAITER,
+                        Err(e) => {
+                            // Held, but under the releaser's ttl: release it and report.
+                            drop(LockGuard::start(lease, false));
+                            return Err(e);
+                        }
                     }
                 }
             }
