@@ -130,11 +130,11 @@ impl Pool {
         state
     }
 
-    /// Checks out a connection, waiting up to `budget` for a free slot and connecting within
-    /// what is left of it.
+    /// Checks out a connection, waiting up to `budget` for a free slot; a new connection is
+    /// made within `connect_within` (and never longer than the connect timeout).
     ///
     /// Errors: [`ErrorKind::Timeout`] when no slot frees up in time, or the connect error.
-    pub fn get(&self, budget: Duration) -> Result<Conn<'_>> {
+    pub fn get(&self, budget: Duration, connect_within: Duration) -> Result<Conn<'_>> {
         let deadline = Instant::now() + budget;
         let mut state = self.lock_state();
         loop {
@@ -144,8 +144,7 @@ impl Pool {
             if self.max_open.is_none_or(|max| state.open < max) {
                 state.open += 1;
                 drop(state);
-                let left = deadline.saturating_duration_since(Instant::now());
-                return match self.connector.connect(left) {
+                return match self.connector.connect(connect_within) {
                     Ok(conn) => Ok(Conn::new(self, conn, self.connector.io_timeout, false)),
                     Err(e) => {
                         self.forget_one();
@@ -179,15 +178,20 @@ impl Pool {
         let state = self.lock_state();
         let available = !state.idle.is_empty() || self.max_open.is_none_or(|max| state.open < max);
         drop(state);
-        available.then(|| self.get(self.connector.connect_timeout))
+        available.then(|| {
+            self.get(
+                self.connector.connect_timeout,
+                self.connector.connect_timeout,
+            )
+        })
     }
 
     /// Runs `f` on a pooled connection, waiting up to `checkout` for one; each reply is
     /// awaited for the I/O timeout, or `io` when that is shorter.
     ///
     /// When a connection taken from the idle list turns out to be dead (the server
-    /// restarted), `f` runs once more on a fresh one, so a restart is invisible to the
-    /// caller. `f` must be safe to repeat.
+    /// restarted), the other idle ones are dropped too and `f` runs once more on a fresh
+    /// connection, so a restart is invisible to the caller. `f` must be safe to repeat.
     pub fn run<T>(
         &self,
         checkout: Duration,
@@ -204,15 +208,26 @@ impl Pool {
             }
             conn.run(&f)
         };
-        let mut conn = self.get(checkout)?;
+        let connect_timeout = self.connector.connect_timeout;
+        let connect_within = io.map_or(connect_timeout, |io| io.min(connect_timeout));
+        let mut conn = self.get(checkout, connect_within)?;
         match attempt(&mut conn) {
             Err(e) if conn.reused && e.kind() == ErrorKind::Connection => {
                 drop(conn);
                 log::debug!("retrying on a fresh connection after: {e}");
-                attempt(&mut self.get(checkout)?)
+                self.discard_idle();
+                attempt(&mut self.get(checkout, connect_within)?)
             }
             other => other,
         }
+    }
+
+    /// Drops every idle connection (after one of them was found dead).
+    fn discard_idle(&self) {
+        let mut state = self.lock_state();
+        let dropped = state.idle.len();
+        state.idle.clear();
+        state.open = state.open.saturating_sub(dropped);
     }
 
     fn forget_one(&self) {

@@ -198,13 +198,20 @@ impl Lease {
         }
     }
 
-    /// Sends the token-checked extend through `pool` within `budget`. On success the ttl
-    /// and local deadline are updated; `Ok(false)` means the key no longer held the token
-    /// (the caller records the loss, outside any lock it holds).
-    pub fn extend_on(&self, pool: &Pool, ttl: Duration, budget: Duration) -> Result<bool> {
+    /// Sends the token-checked extend through `pool`, waiting up to `checkout` for a
+    /// connection and up to `io` (or the I/O timeout) for the reply. On success the ttl and
+    /// local deadline are updated; `Ok(false)` means the key no longer held the token (the
+    /// caller records the loss, outside any lock it holds).
+    pub fn extend_on(
+        &self,
+        pool: &Pool,
+        ttl: Duration,
+        checkout: Duration,
+        io: Option<Duration>,
+    ) -> Result<bool> {
         let ttl_ms = ttl_millis(ttl)?;
         let sent_at = Instant::now();
-        let extended: i64 = pool.run(budget, Some(budget), |c| {
+        let extended: i64 = pool.run(checkout, io, |c| {
             scripts::EXTEND
                 .key(&self.keys.lock)
                 .arg(&self.token)

@@ -165,7 +165,7 @@ impl<'a> LockBuilder<'a> {
                         return LockGuard::start(lease, renew);
                     }
                     // The releaser's lease: make it the one this caller asked for.
-                    match lease.extend_on(&inner.pool, ttl, inner.options.pool_wait) {
+                    match lease.extend_on(&inner.pool, ttl, inner.options.pool_wait, None) {
                         Ok(true) => return LockGuard::start(lease, renew),
                         // Expired in flight: nothing is held; wait on, counted anew.
                         Ok(false) => mode = scripts::MODE_NEW_WAITER,
@@ -267,7 +267,7 @@ impl LockGuard {
         let client = &self.lease.client;
         if self
             .lease
-            .extend_on(&client.pool, ttl, client.options.pool_wait)?
+            .extend_on(&client.pool, ttl, client.options.pool_wait, None)?
         {
             Ok(())
         } else {

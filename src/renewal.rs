@@ -263,7 +263,7 @@ fn renew(lease: &Lease) -> Option<Instant> {
         if lease.lost().is_some() {
             return None;
         }
-        lease.extend_on(&lease.client.renewal_pool, ttl, left)
+        lease.extend_on(&lease.client.renewal_pool, ttl, left, Some(left))
     };
     match renewed {
         Ok(true) => Some(Instant::now() + ttl / 3),

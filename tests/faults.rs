@@ -73,11 +73,25 @@ fn a_stopped_server_gives_timeouts_and_a_held_lock_is_reported_lost() {
 fn a_killed_and_restarted_server_is_reconnected_transparently() {
     let mut server = RedisServer::start();
     let client = client(&server);
-    // Fill the pool with idle connections that the restart will kill.
-    let guards: Vec<_> = (0..4)
-        .map(|i| client.lock(&format!("k{i}")).try_acquire().unwrap())
+    // Fill the pool with idle connections that the restart will kill: four waiters block
+    // at once, each on a connection of its own.
+    let holder = client.lock("busy").try_acquire().unwrap();
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                client
+                    .lock("busy")
+                    .acquire_timeout(Duration::from_millis(400))
+                    .map(drop)
+            })
+        })
         .collect();
-    drop(guards);
+    for w in waiters {
+        assert!(w.join().unwrap().unwrap_err().is_busy());
+    }
+    assert!(server.calls("blpop") >= 4);
+    drop(holder);
     server.restart();
     for i in 0..8 {
         let guard = client
