@@ -49,3 +49,15 @@ pub use error::{Error, ErrorKind, Result};
 pub use keys::{MAX_KEY_LEN, key_slot};
 pub use lease::{LostCallback, LostReason, MAX_TTL};
 pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard};
+
+#[cfg(test)]
+mod tests {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn clients_and_guards_can_be_shared_between_threads() {
+        assert_send_sync::<crate::Client>();
+        assert_send_sync::<crate::LockGuard>();
+        assert_send_sync::<crate::Error>();
+    }
+}
