@@ -153,6 +153,18 @@ impl Bench {
             .unwrap_or(());
     }
 
+    /// `total_connections_received` from INFO stats.
+    fn connections_received(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query(&mut self.conn())
+            .unwrap_or_default();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     fn key_count(&self) -> u64 {
         redis::cmd("DBSIZE").query(&mut self.conn()).unwrap_or(0)
     }
@@ -465,11 +477,16 @@ impl Bench {
             .collect();
         let cpu_before = cpu_seconds();
         self.reset_stats();
+        let connections_before = self.connections_received();
         let start = Instant::now();
         std::thread::sleep(Duration::from_secs(self.cfg.w3_secs));
         let wall = start.elapsed().as_secs_f64();
         let cpu = cpu_seconds() - cpu_before;
         let renewals = self.calls(&["evalsha"]);
+        // Minus the bench's own connections for INFO.
+        let connections = self
+            .connections_received()
+            .saturating_sub(connections_before + 2);
         let threads_held = proc_status("Threads");
         let rss_held = proc_status("VmRSS");
         let still_held = guards.iter().filter(|g| g.is_held()).count();
@@ -488,6 +505,7 @@ impl Bench {
                     "renewals_per_lock_per_s",
                     renewals as f64 / wall / self.cfg.w3_locks as f64
                 )
+                .int("connections_opened_while_held", connections)
                 .num("cpu_percent_of_one_core", cpu / wall * 100.0)
                 .int("threads_before", threads_before)
                 .int("threads_while_held", threads_held)
