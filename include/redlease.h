@@ -183,6 +183,8 @@ int32_t lock_client_open_opts(const char *url,
 /**
  * Closes a client. Every lock still held from it is released first (renewal stopped,
  * release sent; errors ignored) and its handle becomes invalid. Blocks for those releases.
+ * A `lock_acquire` still running on another thread when the client closes may yet
+ * succeed; release that lock with `lock_release`.
  * Errors: `LOCK_ERR_HANDLE` for an unknown or already closed client.
  */
 int32_t lock_client_close(lock_client_t client);

@@ -176,6 +176,8 @@ pub unsafe extern "C" fn lock_client_open_opts(
 
 /// Closes a client. Every lock still held from it is released first (renewal stopped,
 /// release sent; errors ignored) and its handle becomes invalid. Blocks for those releases.
+/// A `lock_acquire` still running on another thread when the client closes may yet
+/// succeed; release that lock with `lock_release`.
 /// Errors: `LOCK_ERR_HANDLE` for an unknown or already closed client.
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_client_close(client: lock_client_t) -> i32 {

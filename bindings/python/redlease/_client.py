@@ -262,6 +262,7 @@ class Lock:
         self._renew = renew
         self._on_lost = on_lost
         self._pid = os.getpid()
+        self._released = False
         self._fencing_token: Optional[int] = None
         self._token: Optional[str] = None
         self._lost_event: Optional[threading.Event] = None
@@ -295,8 +296,8 @@ class Lock:
         """Acquires the lock, waiting as configured; returns self. Blocks without the GIL.
 
         Raises :class:`LockBusyError` when the wait ended while another owner held it."""
-        if self._handle:
-            raise InvalidArgumentError("this Lock is already held; make a new one")
+        if self._handle and not self._released:
+            raise InvalidArgumentError("this Lock is already acquired; release it first")
         opts = _native.AcquireOptions(self._renew, _on_lost_from_c, None)
         handle = _native.lock_t()
         self.lost_reason = None
@@ -309,6 +310,7 @@ class Lock:
             )
         )
         self._handle = handle.value
+        self._released = False
         self._pid = os.getpid()
         fence = c_uint64()
         _native.check(lib.lock_fencing_token(self._handle, byref(fence)))
@@ -327,6 +329,7 @@ class Lock:
         Raises :class:`InvalidHandleError` for a lock already released, and connection or
         server errors when Redis could not be told (the lock then expires after its ttl)."""
         status = lib.lock_release(self._handle)
+        self._released = True
         _LIVE.pop(self._handle, None)
         if status == LOCK_NOT_HELD:
             return False
@@ -389,7 +392,7 @@ class Lock:
         # Release a lock dropped while held; a forked child's copy is never released (the
         # library refuses it anyway).
         try:
-            if self._handle and self._pid == os.getpid():
+            if self._handle and not self._released and self._pid == os.getpid():
                 lib.lock_release(self._handle)
                 _LIVE.pop(self._handle, None)
         except Exception:  # noqa: BLE001 - never raise from a finaliser

@@ -123,6 +123,18 @@ def test_losing_the_lock_sets_the_event_and_calls_the_handler(client, r):
     assert r.get("victim") == "someone-else"
 
 
+def test_a_lock_object_can_be_used_again_after_release(client, r):
+    lk = client.lock("again", wait=0)
+    with lk:
+        first = lk.fencing_token
+        with pytest.raises(InvalidArgumentError):
+            lk.acquire()  # already held
+    with lk:
+        assert lk.fencing_token > first
+        assert r.get("again") == lk.token
+    assert r.exists("again") == 0
+
+
 def test_fencing_tokens_increase_in_acquisition_order(client):
     tokens = []
     for _ in range(20):
