@@ -76,17 +76,7 @@ fn a_killed_and_restarted_server_is_reconnected_transparently() {
     // Fill the pool with idle connections that the restart will kill: four waiters block
     // at once, each on a connection of its own.
     let holder = client.lock("busy").try_acquire().unwrap();
-    let waiters: Vec<_> = (0..4)
-        .map(|_| {
-            let client = client.clone();
-            std::thread::spawn(move || {
-                client
-                    .lock("busy")
-                    .acquire_timeout(Duration::from_millis(400))
-                    .map(drop)
-            })
-        })
-        .collect();
+    let waiters = support::waiters_giving_up(&client, "busy", 4, Duration::from_millis(400));
     for w in waiters {
         assert!(w.join().unwrap().unwrap_err().is_busy());
     }

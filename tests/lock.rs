@@ -417,24 +417,15 @@ fn a_handoff_nobody_was_blocked_for_is_claimed_by_the_next_attempt() {
 }
 
 #[test]
-fn waiters_that_give_up_are_uncounted_and_a_lock_freed_at_the_deadline_is_taken() {
+fn waiters_that_give_up_are_uncounted() {
     let server = RedisServer::start();
     let client = client(&server);
     let holder = client.lock("give-up").try_acquire().unwrap();
-    let waiters: Vec<_> = (0..3)
-        .map(|_| {
-            let client = client.clone();
-            std::thread::spawn(move || {
-                client
-                    .lock("give-up")
-                    .acquire_timeout(Duration::from_millis(300))
-                    .map(drop)
-            })
-        })
-        .collect();
+    let waiters = support::waiters_giving_up(&client, "give-up", 3, Duration::from_millis(300));
     for w in waiters {
         assert_eq!(w.join().unwrap().unwrap_err().kind(), ErrorKind::Busy);
     }
+    assert!(server.calls("blpop") >= 3, "the waiters did not block");
     let waiting: i64 = server.cmd(&["GET", "redlease:waiters:{give-up}"]);
     assert_eq!(waiting, 0);
     // A release that happens while nobody is blocked: the next release must delete the key

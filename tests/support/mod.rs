@@ -253,3 +253,19 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
+
+/// Starts `n` threads that each wait up to `wait` for the lock `name`, which the caller
+/// holds: they block on the server, then give up.
+pub fn waiters_giving_up(
+    client: &redlease::Client,
+    name: &str,
+    n: usize,
+    wait: Duration,
+) -> Vec<std::thread::JoinHandle<redlease::Result<()>>> {
+    (0..n)
+        .map(|_| {
+            let (client, name) = (client.clone(), name.to_owned());
+            std::thread::spawn(move || client.lock(&name).acquire_timeout(wait).map(drop))
+        })
+        .collect()
+}
