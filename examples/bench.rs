@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! cargo run --release --example bench -- [--duration S] [--reps N] [--threads N]
-//!     [--w3-locks N] [--w3-secs S] [--python PYTHON|none] [--only w1|w2|w3] [--smoke]
+//!     [--cs-ms 0,1] [--w3-locks N] [--w3-secs S] [--python PYTHON|none] [--only w1|w2|w3]
+//!     [--smoke]
 //! ```
 //! Starts its own redis-server unless `REDIS_URL` is set.
 
@@ -32,6 +33,8 @@ struct Config {
     w3_secs: u64,
     python: Option<String>,
     only: Option<String>,
+    /// W2 critical-section lengths, ms.
+    cs_ms: Vec<u64>,
 }
 
 impl Config {
@@ -44,6 +47,7 @@ impl Config {
             w3_secs: 60,
             python: Some("python3".into()),
             only: None,
+            cs_ms: vec![0, 1],
         };
         let args: Vec<String> = std::env::args().skip(1).collect();
         let mut i = 0;
@@ -66,6 +70,12 @@ impl Config {
                 "--w3-locks" => c.w3_locks = value().parse().unwrap_or(1000),
                 "--w3-secs" => c.w3_secs = value().parse().unwrap_or(60),
                 "--only" => c.only = Some(value().to_lowercase()),
+                "--cs-ms" => {
+                    c.cs_ms = value()
+                        .split(',')
+                        .filter_map(|ms| ms.trim().parse().ok())
+                        .collect()
+                }
                 "--python" => c.python = Some(value()).filter(|p| !p.is_empty() && p != "none"),
                 other => panic!("unknown option {other}"),
             }
@@ -417,7 +427,7 @@ impl Bench {
 
     fn run_w2(&self, floor_rtt_us: f64) {
         let client = Client::open(&self.url).expect("client");
-        for cs_ms in [0u64, 1] {
+        for &cs_ms in &self.cfg.cs_ms {
             let cs = Duration::from_millis(cs_ms);
             let (mut floor, mut ours) = (vec![], vec![]);
             for _ in 0..self.cfg.reps {

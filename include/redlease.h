@@ -129,9 +129,9 @@ typedef uint64_t lock_client_t;
 typedef uint64_t lock_t;
 
 /**
- * Called once when a held lock is lost. Runs on that lock's renewal thread: keep it short
- * and do not block. It may call any function of this library, including `lock_release` on
- * `lock` (the renewal thread then ends after the callback returns).
+ * Called once when a held lock is lost. Runs on that lock's renewal thread (or on the
+ * thread whose `lock_extend` found the lock gone): keep it short and do not block. It may
+ * call any function of this library, including `lock_release` on `lock`.
  */
 typedef void (*lock_lost_cb)(lock_t lock, int32_t reason, void *user_data);
 

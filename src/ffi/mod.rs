@@ -38,9 +38,9 @@ pub const LOCK_LOST_NOT_HELD: i32 = 1;
 /// `reason` of a lost-lock callback: Redis could not be reached before the lease ran out.
 pub const LOCK_LOST_UNREACHABLE: i32 = 2;
 
-/// Called once when a held lock is lost. Runs on that lock's renewal thread: keep it short
-/// and do not block. It may call any function of this library, including `lock_release` on
-/// `lock` (the renewal thread then ends after the callback returns).
+/// Called once when a held lock is lost. Runs on that lock's renewal thread (or on the
+/// thread whose `lock_extend` found the lock gone): keep it short and do not block. It may
+/// call any function of this library, including `lock_release` on `lock`.
 pub type lock_lost_cb =
     Option<unsafe extern "C" fn(lock: lock_t, reason: i32, user_data: *mut c_void)>;
 
