@@ -20,10 +20,11 @@
 //!   next fencing token), with a fresh random token per acquisition.
 //! - **Release** and **extend** act only while the key still holds that token, so a holder
 //!   whose lease ended can never delete or extend the next holder's lock.
-//! - **Renewal**: each lock gets its own thread that renews every ttl/3 and reports a loss
-//!   through [`LockGuard::lost`] and an optional callback.
-//! - **Waiting** blocks on the server for a release signal, with exponential backoff and
-//!   jitter as the fallback; never past the caller's deadline.
+//! - **Renewal**: each held lock has its own thread that renews every ttl/3 and reports a
+//!   loss through [`LockGuard::lost`] and an optional callback.
+//! - **Waiting** blocks on the server; a release hands the lock straight to the waiter that
+//!   blocked first (FIFO, one waiter woken per release). Exponential backoff with jitter
+//!   covers releases no waiter saw; never past the caller's deadline.
 //! - **Fencing tokens** increase strictly per lock name, also across a Redis restart that
 //!   lost the data. A lease cannot protect a resource from a paused holder; a resource that
 //!   rejects stale fencing tokens can.
