@@ -140,3 +140,25 @@ fn a_server_that_never_answers_does_not_hang_a_blocking_acquire() {
     server.resume();
     drop(holder);
 }
+
+#[test]
+fn a_restart_that_loses_the_data_makes_held_locks_lost_and_they_are_not_retaken() {
+    let mut server = RedisServer::start();
+    let client = client(&server);
+    let guard = client
+        .lock("volatile")
+        .ttl(Duration::from_millis(600))
+        .try_acquire()
+        .unwrap();
+    let lost = guard.lost();
+    server.restart();
+    let reason = lost
+        .recv_timeout(NO_HANG)
+        .expect("the loss was not signalled");
+    assert_eq!(reason, LostReason::NotHeld);
+    assert!(!guard.is_held());
+    // Renewal stopped and never re-created the key.
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(!server.cmd::<bool>(&["EXISTS", "volatile"]));
+    assert_eq!(guard.release().unwrap_err().kind(), ErrorKind::NotHeld);
+}
