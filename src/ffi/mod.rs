@@ -130,13 +130,23 @@ pub unsafe extern "C" fn lock_client_open(
     url: *const c_char,
     out_client: *mut lock_client_t,
 ) -> i32 {
-    boundary(|| {
-        let url = unsafe { str_arg(url, "url") }?;
-        let out = unsafe { Out::new(out_client, "out_client") }?;
-        let client = Client::open(url)?;
-        out.write(CLIENTS.insert(client));
-        Ok(())
-    })
+    boundary(|| unsafe { open_client(url, ClientOptions::default(), out_client) })
+}
+
+/// Opens a client with `options` and writes its handle.
+///
+/// # Safety
+/// `url` and `out_client` as in `lock_client_open`.
+unsafe fn open_client(
+    url: *const c_char,
+    options: ClientOptions,
+    out_client: *mut lock_client_t,
+) -> Result<(), Failure> {
+    let url = unsafe { str_arg(url, "url") }?;
+    let out = unsafe { Out::new(out_client, "out_client") }?;
+    let client = Client::with_options(url, options)?;
+    out.write(CLIENTS.insert(client));
+    Ok(())
 }
 
 /// Opens a client with `opts` (see `lock_client_options_t`); otherwise as
@@ -148,8 +158,6 @@ pub unsafe extern "C" fn lock_client_open_opts(
     out_client: *mut lock_client_t,
 ) -> i32 {
     boundary(|| {
-        let url = unsafe { str_arg(url, "url") }?;
-        let out = unsafe { Out::new(out_client, "out_client") }?;
         let opts = unsafe { opts.as_ref() }.ok_or_else(|| Failure::argument("opts is NULL"))?;
         let mut options = ClientOptions::default()
             .connect_timeout(millis(opts.connect_timeout_ms))
@@ -168,9 +176,7 @@ pub unsafe extern "C" fn lock_client_open_opts(
             })?;
             options = options.tls_ca_cert(pem);
         }
-        let client = Client::with_options(url, options)?;
-        out.write(CLIENTS.insert(client));
-        Ok(())
+        unsafe { open_client(url, options, out_client) }
     })
 }
 
