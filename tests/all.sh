@@ -24,6 +24,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 step "cargo test (Rust and C tests)"
 cargo test
 
+step "demo (short run: 3 workers x 5 jobs)"
+cargo run --quiet --release --example demo -- 3 5
+
 step "benchmark smoke run (a few seconds; figures are not checked)"
 cargo build --quiet --release --lib
 cargo run --quiet --release --example bench -- --smoke \
