@@ -37,7 +37,8 @@ impl fmt::Display for LostReason {
 }
 
 /// A function told once when a lock is lost; runs on the renewal thread (or on the thread
-/// whose `extend` found the lock gone), so it must not block for long.
+/// whose `extend` found the lock gone), so it must not block for long. A panic in it is
+/// caught and logged.
 pub type LostCallback = Arc<dyn Fn(LostReason) + Send + Sync>;
 
 pub(crate) struct Lease {
@@ -175,7 +176,12 @@ impl Lease {
         };
         log::warn!("lock {:?} lost: {reason}", self.keys.lock);
         if let Some(callback) = &self.on_lost {
-            callback(reason);
+            // A panicking callback must not take the renewal thread (reused for other
+            // locks) down with it.
+            let call = std::panic::AssertUnwindSafe(|| callback(reason));
+            if std::panic::catch_unwind(call).is_err() {
+                log::error!("the lost-lock callback of {:?} panicked", self.keys.lock);
+            }
         }
         for tx in subscribers {
             let _ = tx.try_send(reason);

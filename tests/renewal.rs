@@ -181,3 +181,28 @@ fn a_reused_renewal_thread_renews_its_next_lock_in_time() {
         guard.release().unwrap();
     }
 }
+
+#[test]
+fn a_panicking_lost_callback_does_not_stop_renewal_of_later_locks() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let guard = client
+        .lock("panicky")
+        .ttl(TTL)
+        .on_lost(|_| panic!("a callback that panics"))
+        .try_acquire()
+        .unwrap();
+    let lost = guard.lost();
+    server.cmd::<()>(&["DEL", "panicky"]);
+    assert_eq!(
+        lost.recv_timeout(Duration::from_secs(5)),
+        Ok(LostReason::NotHeld)
+    );
+    drop(guard);
+    // The same renewal thread serves the next lock, and renews it.
+    let next = client.lock("after-panic").ttl(TTL).try_acquire().unwrap();
+    std::thread::sleep(TTL * 3);
+    assert!(next.is_held());
+    let stored: Option<String> = server.cmd(&["GET", "after-panic"]);
+    assert_eq!(stored.as_deref(), Some(next.token()));
+}
