@@ -236,16 +236,27 @@ fn work(me: &Arc<Worker>) {
         }
         match current.take() {
             Some(job) if job.lease.renewal_gate().is_none() => idle_since = Instant::now(),
-            Some(mut job) => match renew(&job.lease) {
-                Some(next) => {
-                    job.due = next;
-                    current = Some(job);
+            Some(mut job) => {
+                // A bug must not leave a dead thread among the parked ones: a panic ends
+                // this lock's renewal (reported as lost) and the thread goes on.
+                let renewed =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| renew(&job.lease)))
+                        .unwrap_or_else(|_| {
+                            log::error!("renewing lock {:?} panicked", job.lease.keys.lock);
+                            job.lease.mark_lost(LostReason::Unreachable);
+                            None
+                        });
+                match renewed {
+                    Some(next) => {
+                        job.due = next;
+                        current = Some(job);
+                    }
+                    None => {
+                        free(me, job.id);
+                        idle_since = Instant::now();
+                    }
                 }
-                None => {
-                    free(me, job.id);
-                    idle_since = Instant::now();
-                }
-            },
+            }
             None => {
                 let mut p = parked();
                 if *me.assigned() == 0 {
