@@ -58,6 +58,10 @@ struct Worker {
 struct WorkerState {
     mailbox: Option<Job>,
     wake_at: Instant,
+    /// Awake and working (renewing, or in a lost-lock callback). A busy thread is not put
+    /// back among the parked ones by [`free`]; it parks itself when done, so a callback that
+    /// blocks cannot hold up renewals of later locks.
+    busy: bool,
 }
 
 /// How a worker's sleep ended.
@@ -92,12 +96,15 @@ impl Worker {
     fn sleep_until(&self, wake_at: Instant) -> Woke {
         let mut state = self.state();
         state.wake_at = wake_at;
+        state.busy = false;
         loop {
             if let Some(job) = state.mailbox.take() {
+                state.busy = true;
                 return Woke::Job(job);
             }
             let left = wake_at.saturating_duration_since(Instant::now());
             if left.is_zero() {
+                state.busy = true;
                 return Woke::Timer;
             }
             state = self
@@ -133,7 +140,8 @@ fn parked() -> MutexGuard<'static, Parked> {
     p
 }
 
-/// Frees `worker` from `job` (once: later calls for the same job do nothing).
+/// Frees `worker` from `job` (once: later calls for the same job do nothing), and parks it
+/// unless it is busy (then it parks itself when done).
 fn free(worker: &Arc<Worker>, job: u64) {
     let mut p = parked();
     let mut assigned = worker.assigned();
@@ -141,7 +149,16 @@ fn free(worker: &Arc<Worker>, job: u64) {
         return;
     }
     *assigned = 0;
-    if p.idle.len() < MAX_IDLE {
+    if !worker.state().busy && p.idle.len() < MAX_IDLE {
+        p.idle.push(worker.clone());
+    }
+}
+
+/// Puts a free worker among the parked ones, if it is not there yet.
+fn park(worker: &Arc<Worker>) {
+    let mut p = parked();
+    let free = *worker.assigned() == 0;
+    if free && p.idle.len() < MAX_IDLE && !p.idle.iter().any(|w| Arc::ptr_eq(w, worker)) {
         p.idle.push(worker.clone());
     }
 }
@@ -203,6 +220,7 @@ fn spawn(job: Job) -> Result<Arc<Worker>> {
         state: Mutex::new(WorkerState {
             mailbox: Some(job),
             wake_at: Instant::now(),
+            busy: true,
         }),
         poke: Condvar::new(),
         process: process::generation(),
@@ -226,6 +244,9 @@ fn work(me: &Arc<Worker>) {
     let mut current: Option<Job> = None;
     let mut idle_since = Instant::now();
     loop {
+        if current.is_none() {
+            park(me);
+        }
         let wake_at = match &current {
             Some(job) => job.due,
             None => idle_since + IDLE_TIMEOUT,

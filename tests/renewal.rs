@@ -206,3 +206,30 @@ fn a_panicking_lost_callback_does_not_stop_renewal_of_later_locks() {
     let stored: Option<String> = server.cmd(&["GET", "after-panic"]);
     assert_eq!(stored.as_deref(), Some(next.token()));
 }
+
+#[test]
+fn a_blocking_lost_callback_does_not_hold_up_renewal_of_later_locks() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let (started, in_callback) = crossbeam_channel::bounded(1);
+    let guard = client
+        .lock("slow-callback")
+        .ttl(TTL)
+        .on_lost(move |_| {
+            let _ = started.send(());
+            std::thread::sleep(Duration::from_secs(2)); // a callback that blocks (a bug)
+        })
+        .try_acquire()
+        .unwrap();
+    server.cmd::<()>(&["DEL", "slow-callback"]);
+    in_callback
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the callback did not run");
+    drop(guard);
+    // The blocked thread must not be handed the next lock.
+    let next = client.lock("after-slow").ttl(TTL).try_acquire().unwrap();
+    std::thread::sleep(TTL * 3);
+    assert!(next.is_held(), "the next lock was not renewed");
+    let stored: Option<String> = server.cmd(&["GET", "after-slow"]);
+    assert_eq!(stored.as_deref(), Some(next.token()));
+}
