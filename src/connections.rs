@@ -138,19 +138,9 @@ impl Pool {
         let deadline = Instant::now() + budget;
         let mut state = self.lock_state();
         loop {
-            if let Some((conn, timeout)) = state.idle.pop() {
-                return Ok(Conn::new(self, conn, timeout, true));
-            }
-            if self.max_open.is_none_or(|max| state.open < max) {
-                state.open += 1;
+            if let Some(taken) = self.take(&mut state) {
                 drop(state);
-                return match self.connector.connect(connect_within) {
-                    Ok(conn) => Ok(Conn::new(self, conn, self.connector.io_timeout, false)),
-                    Err(e) => {
-                        self.forget_one();
-                        Err(e)
-                    }
-                };
+                return self.finish(taken, connect_within);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -173,17 +163,37 @@ impl Pool {
         }
     }
 
-    /// Checks out a connection only if one is idle or a slot is free (it may still connect).
+    /// Checks out a connection without waiting for one: `None` when all are in use (a new
+    /// one may still be made, within the connect timeout).
     pub fn try_get(&self) -> Option<Result<Conn<'_>>> {
-        let state = self.lock_state();
-        let available = !state.idle.is_empty() || self.max_open.is_none_or(|max| state.open < max);
-        drop(state);
-        available.then(|| {
-            self.get(
-                self.connector.connect_timeout,
-                self.connector.connect_timeout,
-            )
-        })
+        let taken = self.take(&mut self.lock_state())?;
+        Some(self.finish(taken, self.connector.connect_timeout))
+    }
+
+    /// An idle connection, or a reserved slot for a new one, if either is to be had.
+    fn take(&self, state: &mut PoolState) -> Option<Taken> {
+        if let Some((conn, timeout)) = state.idle.pop() {
+            return Some(Taken::Idle(conn, timeout));
+        }
+        if self.max_open.is_none_or(|max| state.open < max) {
+            state.open += 1;
+            return Some(Taken::Slot);
+        }
+        None
+    }
+
+    /// Turns what [`take`](Self::take) gave into a connection (connecting for a slot).
+    fn finish(&self, taken: Taken, connect_within: Duration) -> Result<Conn<'_>> {
+        match taken {
+            Taken::Idle(conn, timeout) => Ok(Conn::new(self, conn, timeout, true)),
+            Taken::Slot => match self.connector.connect(connect_within) {
+                Ok(conn) => Ok(Conn::new(self, conn, self.connector.io_timeout, false)),
+                Err(e) => {
+                    self.forget_one();
+                    Err(e)
+                }
+            },
+        }
     }
 
     /// Runs `f` on a pooled connection, waiting up to `checkout` for one; each reply is
@@ -256,6 +266,12 @@ impl Pool {
             self.freed.notify_one();
         }
     }
+}
+
+/// What checking out found: an idle connection (with its socket timeout), or a free slot.
+enum Taken {
+    Idle(redis::Connection, Duration),
+    Slot,
 }
 
 /// A checked-out connection; goes back to the pool on drop unless it broke.
