@@ -1,13 +1,16 @@
-//! The client: where the locks live (one Redis server), its options, and its connections.
+//! The client: where the locks live (a deployment named by a URL), and its options.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connections::{Connector, Pool};
+use crate::backend::{self, Backend, Call, Server};
+use crate::connection::Connector;
 use crate::error::{Error, Result};
-use crate::keys::LockKeys;
+use crate::keys::{LockKeys, MAX_KEY_LEN, RESERVED_PREFIX};
 use crate::lock::LockBuilder;
+use crate::tls::TlsSetup;
+use crate::url::{self, Topology};
 
 /// How a [`Client`] connects. Build it with [`ClientOptions::default`] and the setters.
 #[derive(Clone)]
@@ -38,27 +41,30 @@ impl Default for ClientOptions {
 }
 
 impl ClientOptions {
-    /// Longest time to establish a connection (TCP, TLS, AUTH, SELECT).
+    /// Longest time to make a connection: name lookup, TCP, TLS, `AUTH` and `SELECT`
+    /// together. At least 1 ms, at most a day.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
-    /// Longest wait for any one reply from Redis. A blocked wait (`BLPOP`) gets its own
-    /// timeout on top of this one.
+    /// Longest wait for any one reply from Redis. A blocked wait (`BLPOP`) gets its blocking
+    /// time on top of this one. At least 1 ms, at most a day. Also sets the *grace* of a
+    /// waiter's registration and of a lock granted to it: this timeout plus 0.5 s.
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
         self.io_timeout = timeout;
         self
     }
 
-    /// Connections shared by the calling threads (renewal has its own; see
-    /// [`Client`]).
+    /// Connections the calling threads may use at once for requests, and, separately, how
+    /// many waiters may block on the server at once (further waiters sleep between
+    /// attempts). Releases, extends and renewals never wait for one. 1 to 10 000.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
         self
     }
 
-    /// Longest wait for a pooled connection when all are in use.
+    /// Longest wait for a pooled connection when all are in use (zero: do not wait).
     pub fn pool_wait(mut self, wait: Duration) -> Self {
         self.pool_wait = wait;
         self
@@ -88,8 +94,10 @@ impl ClientOptions {
             ("connect timeout", self.connect_timeout),
             ("I/O timeout", self.io_timeout),
         ] {
-            if d.is_zero() {
-                return Err(Error::invalid(format!("the {what} must not be zero")));
+            if d < Duration::from_millis(1) {
+                return Err(Error::invalid(format!(
+                    "the {what} must be at least 1 ms, got {d:?}"
+                )));
             }
             if d > MAX_TIMEOUT {
                 return Err(Error::invalid(format!(
@@ -103,8 +111,13 @@ impl ClientOptions {
         if self.pool_size == 0 || self.pool_size > 10_000 {
             return Err(Error::invalid("the pool size must be between 1 and 10000"));
         }
-        if self.key_prefix.len() >= crate::keys::MAX_KEY_LEN {
+        if self.key_prefix.len() >= MAX_KEY_LEN {
             return Err(Error::invalid("the key prefix is too long"));
+        }
+        if self.key_prefix.starts_with(RESERVED_PREFIX) {
+            return Err(Error::invalid(format!(
+                "the key prefix may not begin with {RESERVED_PREFIX:?} (reserved for companion keys)"
+            )));
         }
         if let Some(label) = &self.owner_label {
             if label.len() > 64 || !label.bytes().all(|b| b.is_ascii_graphic()) {
@@ -134,24 +147,19 @@ impl fmt::Debug for ClientOptions {
 /// Longest accepted timeout.
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
-/// Idle connections the renewal pool keeps. Renewals of locks taken together come in
-/// bursts; with too few idle connections each burst opens (and closes) new ones, which cost
-/// a third of the renewal CPU with 1000 locks in the W3 benchmark when this was 8.
-const RENEWAL_IDLE: usize = 64;
-
-/// A handle to one Redis server (or, later, deployment) that hands out locks.
+/// A handle to one Redis deployment that hands out locks.
 ///
 /// Cheap to clone (an `Arc`); `Send + Sync`, so one client serves every thread. Calling
-/// threads share a pool of blocking connections; renewal threads use a separate pool that
-/// opens a new connection rather than wait, so callers can never starve a renewal.
+/// threads share a pool of connections; releases, extends and renewals never wait for a
+/// pooled connection, so callers can never starve the end or the renewal of a lease.
+/// Connections close when the last clone (and the last lock taken from it) is dropped.
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<ClientInner>,
 }
 
 pub(crate) struct ClientInner {
-    pub pool: Pool,
-    pub renewal_pool: Pool,
+    pub backend: Arc<Backend>,
     pub options: ClientOptions,
     pub owner_label: String,
 }
@@ -170,54 +178,43 @@ impl Client {
     /// Opens a client with `options`. No connection is made yet.
     pub fn with_options(url: &str, options: ClientOptions) -> Result<Client> {
         options.validate()?;
-        let describe = redact_url(url);
-        let bad_url = |e: redis::RedisError| {
-            Error::invalid(format!(
-                "bad Redis URL {describe}: {}",
-                e.detail().unwrap_or(e.category())
-            ))
+        let target = url::parse(url)?;
+        let tls = Arc::new(TlsSetup::new(target.tls, options.tls_ca_cert.clone())?);
+        let backend = match &target.topology {
+            Topology::Single(addr) => {
+                let connector = || {
+                    Connector::new(
+                        addr.clone(),
+                        tls.clone(),
+                        target.login.clone(),
+                        options.connect_timeout,
+                    )
+                };
+                Backend::single(
+                    Server::new(
+                        connector(),
+                        connector(),
+                        options.pool_size,
+                        target.describe.clone(),
+                    ),
+                    options.io_timeout,
+                    options.pool_wait,
+                )
+            }
+            Topology::Cluster(_) | Topology::Sentinel { .. } => {
+                return Err(Error::invalid(format!(
+                    "bad Redis URL {}: Cluster and Sentinel URLs are not supported yet",
+                    target.describe
+                )));
+            }
         };
-        if !["redis://", "rediss://", "redis+unix://", "unix://"]
-            .iter()
-            .any(|scheme| url.starts_with(scheme))
-        {
-            return Err(Error::invalid(format!(
-                "bad Redis URL {describe}: expected redis://, rediss:// or redis+unix://"
-            )));
-        }
-        let redis_client = match &options.tls_ca_cert {
-            Some(pem) => redis::Client::build_with_tls(
-                url,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.clone()),
-                },
-            ),
-            None => redis::Client::open(url),
-        }
-        .map_err(bad_url)?;
-        let connector = |client: redis::Client| {
-            Connector::new(
-                client,
-                options.connect_timeout,
-                options.io_timeout,
-                describe.clone(),
-            )
-        };
-        let pool = Pool::new(
-            connector(redis_client.clone()),
-            Some(options.pool_size),
-            options.pool_size,
-        );
-        let renewal_pool = Pool::new(connector(redis_client), None, RENEWAL_IDLE);
         let owner_label = options
             .owner_label
             .clone()
             .unwrap_or_else(default_owner_label);
         Ok(Client {
             inner: Arc::new(ClientInner {
-                pool,
-                renewal_pool,
+                backend: Arc::new(backend),
                 options,
                 owner_label,
             }),
@@ -242,29 +239,43 @@ impl Client {
         LockBuilder::new(self, name)
     }
 
-    /// Whether anyone holds the lock `name` right now (one `EXISTS`; blocking, I/O timeout).
-    /// To know whether *you* hold a lock, use [`crate::LockGuard::is_held`].
+    /// Whether anyone holds the lock `name` right now (one `EXISTS`). Blocking: bounded by
+    /// the pool wait, the connect timeout and the I/O timeout. To know whether *you* hold
+    /// a lock, use [`crate::LockGuard::is_held`].
     pub fn is_locked(&self, name: &str) -> Result<bool> {
         let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
-        let pool = &self.inner.pool;
-        pool.run(self.inner.options.pool_wait, None, |c| {
-            redis::cmd("EXISTS").arg(&keys.lock).query::<bool>(c)
-        })
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(&keys.lock);
+        self.query(&keys.lock, &cmd)
     }
 
     /// Sends `PING`: a cheap way to check the URL, credentials and reachability up front.
     pub fn ping(&self) -> Result<()> {
-        self.inner
-            .pool
-            .run(self.inner.options.pool_wait, None, |c| {
-                redis::cmd("PING").query::<String>(c)
-            })
-            .map(drop)
+        self.query::<String>("", &redis::cmd("PING")).map(drop)
+    }
+
+    /// One command on the caller lane, on the server that owns `key`.
+    fn query<T: redis::FromRedisValue>(&self, key: &str, cmd: &redis::Cmd) -> Result<T> {
+        let backend = &self.inner.backend;
+        let how = backend.exec_on(backend.caller_lane(None));
+        let replies = backend.run(key, &[Call::cmd(cmd)], &how)?;
+        let value = replies
+            .values
+            .into_iter()
+            .next()
+            .unwrap_or(redis::Value::Nil);
+        backend::reply(value)
     }
 
     /// The URL with any password replaced by `***`.
     pub fn url(&self) -> &str {
-        &self.inner.pool.connector.describe
+        self.inner.backend.describe()
+    }
+
+    /// Closes the idle connections now (in-use ones close when their requests end, and
+    /// all of them when the last clone and lock are dropped).
+    pub(crate) fn close_idle(&self) {
+        self.inner.backend.close_idle();
     }
 }
 
@@ -299,49 +310,4 @@ fn default_owner_label() -> String {
         host
     };
     format!("{host}/{}", std::process::id())
-}
-
-/// The URL with the password of its user info (and any `pass=` query value) replaced.
-pub(crate) fn redact_url(url: &str) -> String {
-    let mut out = url.to_owned();
-    if let Some(start) = out.find("://").map(|i| i + 3) {
-        let end = out[start..]
-            .find(['/', '?', '#'])
-            .map_or(out.len(), |i| start + i);
-        if let Some(at) = out[start..end].rfind('@').map(|i| start + i) {
-            if let Some(colon) = out[start..at].find(':').map(|i| start + i) {
-                out.replace_range(colon + 1..at, "***");
-            }
-        }
-    }
-    if let Some(q) = out.find('?') {
-        let (head, query) = out.split_at(q + 1);
-        let query: Vec<String> = query
-            .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some(("pass" | "password", _)) => {
-                    format!("{}=***", kv.split('=').next().unwrap_or("pass"))
-                }
-                _ => kv.to_owned(),
-            })
-            .collect();
-        out = format!("{head}{}", query.join("&"));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact_url;
-
-    #[test]
-    fn redacts_passwords_in_urls() {
-        assert_eq!(redact_url("redis://u:s3cret@h:1/0"), "redis://u:***@h:1/0");
-        assert_eq!(redact_url("redis://:s3cret@h"), "redis://:***@h");
-        assert_eq!(redact_url("redis://h:6379/0"), "redis://h:6379/0");
-        assert_eq!(
-            redact_url("redis+unix:///tmp/r.sock?db=1&pass=s3cret"),
-            "redis+unix:///tmp/r.sock?db=1&pass=***"
-        );
-    }
 }

@@ -1,6 +1,7 @@
 //! The one error type of the crate, with a kind callers can match on.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// What went wrong, in terms a caller can act on.
 ///
@@ -15,12 +16,17 @@ pub enum ErrorKind {
     /// owner took it), or the call came from a forked child, which does not hold its
     /// parent's locks. Any work done since the lease ended ran unprotected.
     NotHeld,
+    /// Acquire: the wait was cancelled on purpose ([`crate::CancelToken`],
+    /// [`crate::cancel_all`], or an interrupt hook that asked for it). Nothing is held.
+    Cancelled,
     /// Redis could not be reached, or the connection dropped.
     Connection,
     /// Redis did not answer within the I/O timeout, or no connection became free in time.
     Timeout,
     /// The server answered with an error (NOAUTH, WRONGPASS, READONLY, OOM, ...).
     Server,
+    /// Too few replicas acknowledged the write (`min_replicas`); an acquire was rolled back.
+    Replication,
     /// The caller passed something unusable (empty key, ttl 0, bad URL, ...). Nothing was sent.
     InvalidArgument,
     /// An internal invariant failed, or the OS refused a resource (a thread). A bug or an
@@ -34,9 +40,11 @@ impl ErrorKind {
         match self {
             ErrorKind::Busy => "busy",
             ErrorKind::NotHeld => "not held",
+            ErrorKind::Cancelled => "cancelled",
             ErrorKind::Connection => "connection error",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Server => "server error",
+            ErrorKind::Replication => "replication error",
             ErrorKind::InvalidArgument => "invalid argument",
             ErrorKind::Internal => "internal error",
         }
@@ -49,13 +57,16 @@ impl fmt::Display for ErrorKind {
     }
 }
 
-/// An error from redlease: a [`ErrorKind`] plus a message for people.
+/// An error from redlease: a [`ErrorKind`], a message for people, and the underlying cause
+/// when there is one ([`std::error::Error::source`]).
 ///
 /// Messages never contain the password of the client URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Error {
     kind: ErrorKind,
     message: String,
+    outcome_unknown: bool,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 /// `Result` with [`Error`].
@@ -67,11 +78,28 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            outcome_unknown: false,
+            source: None,
         }
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::InvalidArgument, message)
+    }
+
+    /// Attaches the underlying cause.
+    pub(crate) fn with_source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// Marks the request as sent without a reply: it may or may not have taken effect.
+    pub(crate) fn sent(mut self) -> Self {
+        self.outcome_unknown = true;
+        self
     }
 
     /// The kind, to match on.
@@ -99,35 +127,26 @@ impl Error {
         self.kind == ErrorKind::Timeout
     }
 
-    /// True when Redis could not be reached or did not answer in time: the operation may or
-    /// may not have taken effect on the server.
+    /// True for [`ErrorKind::Cancelled`].
+    pub fn is_cancelled(&self) -> bool {
+        self.kind == ErrorKind::Cancelled
+    }
+
+    /// True when Redis could not be reached or did not answer in time.
     pub fn is_unreachable(&self) -> bool {
         matches!(self.kind, ErrorKind::Connection | ErrorKind::Timeout)
+    }
+
+    /// True when the request reached the network but its reply did not come back: it may
+    /// or may not have taken effect on the server. (False means it surely did not.)
+    pub fn outcome_unknown(&self) -> bool {
+        self.outcome_unknown
     }
 
     /// Prefixes the message with what was being done, keeping the kind.
     pub(crate) fn context(mut self, doing: &str) -> Self {
         self.message = format!("{doing}: {}", self.message);
         self
-    }
-
-    /// Converts a redis crate error, removing `secret` (the URL password) from its text.
-    pub(crate) fn from_redis(err: &redis::RedisError, secret: Option<&str>) -> Self {
-        let kind = if err.is_timeout() {
-            ErrorKind::Timeout
-        } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
-            ErrorKind::Connection
-        } else {
-            match err.kind() {
-                redis::ErrorKind::InvalidClientConfig => ErrorKind::InvalidArgument,
-                redis::ErrorKind::Server(_)
-                | redis::ErrorKind::AuthenticationFailed
-                | redis::ErrorKind::Extension => ErrorKind::Server,
-                redis::ErrorKind::Parse => ErrorKind::Connection,
-                _ => ErrorKind::Server,
-            }
-        };
-        Error::new(kind, redact(&err.to_string(), secret))
     }
 }
 
@@ -137,12 +156,45 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
-
-/// Replaces every occurrence of `secret` in `text` with `***`.
-pub(crate) fn redact(text: &str, secret: Option<&str>) -> String {
-    match secret {
-        Some(s) if !s.is_empty() => text.replace(s, "***"),
-        _ => text.to_owned(),
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Error")
+            .field("kind", &self.kind)
+            .field("message", &self.message)
+            .field("outcome_unknown", &self.outcome_unknown)
+            .field("source", &self.source)
+            .finish()
     }
 }
+
+impl PartialEq for Error {
+    /// Errors are equal when their kind, message and outcome are.
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind
+            && self.message == other.message
+            && self.outcome_unknown == other.outcome_unknown
+    }
+}
+
+impl Eq for Error {}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// An error reply of the server (`-ERR ...`, `-WRONGPASS ...`), kept as the cause of a
+/// [`ErrorKind::Server`] error.
+#[derive(Debug, Clone)]
+pub(crate) struct ServerReply(pub String);
+
+impl fmt::Display for ServerReply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ServerReply {}

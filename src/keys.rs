@@ -12,6 +12,16 @@
 //!   number that hashes to `K`'s slot.
 //!
 //! So every valid name works, on a single server and on a Cluster alike.
+//!
+//! Companion keys all begin with [`RESERVED_PREFIX`], and lock keys may not: no lock name
+//! can equal, or be mistaken for, another lock's companion key, so no lock can disturb
+//! another (a lock named like a fencing counter would otherwise make that lock's acquires
+//! fail after their `SET` had taken the key).
+//!
+//! The wake-up state (`wakeup`, `queue`, `grant`) has names of its own, distinct from those
+//! of redlease 0.1 (`wake`, `waiters`): clients of both versions stay mutually exclusive on
+//! the same lock names (they share the lock key and the fencing counter) but never share
+//! wake-up state, so neither can be confused by the other's handoffs.
 
 use std::sync::OnceLock;
 
@@ -19,6 +29,9 @@ use crate::error::{Error, Result};
 
 /// The longest lock key accepted, in bytes (including the client's key prefix).
 pub const MAX_KEY_LEN: usize = 1024;
+
+/// Lock keys may not begin with this: it is where companion keys live.
+pub const RESERVED_PREFIX: &str = "redlease:";
 
 /// Number of hash slots of a Redis Cluster.
 const SLOTS: usize = 16384;
@@ -30,17 +43,19 @@ pub(crate) struct LockKeys {
     pub lock: String,
     /// The fencing counter.
     pub fence: String,
-    /// The wake-up list a release pushes a handoff to and waiters block on.
+    /// The wake-up list a release pushes one element to and waiters block on.
     pub wake: String,
-    /// How many waiters are blocked (approximately; it expires with its last waiter).
-    pub waiters: String,
+    /// The registered waiters: a sorted set of tokens scored by when each lapses.
+    pub queue: String,
+    /// The handoff token of a grant not yet taken.
+    pub grant: String,
 }
 
 impl LockKeys {
     /// Validates `prefix + name` and derives the companion keys.
     ///
-    /// Errors with [`crate::ErrorKind::InvalidArgument`] for an empty name or a key longer
-    /// than [`MAX_KEY_LEN`].
+    /// Errors with [`crate::ErrorKind::InvalidArgument`] for an empty name, a key longer
+    /// than [`MAX_KEY_LEN`], or a key that begins with [`RESERVED_PREFIX`].
     pub fn new(prefix: &str, name: &str) -> Result<Self> {
         if name.is_empty() {
             return Err(Error::invalid("the lock name is empty"));
@@ -52,6 +67,12 @@ impl LockKeys {
                 lock.len()
             )));
         }
+        if lock.starts_with(RESERVED_PREFIX) {
+            return Err(Error::invalid(format!(
+                "the lock key {lock:?} begins with {RESERVED_PREFIX:?}, which is reserved for \
+                 redlease's companion keys"
+            )));
+        }
         let tail = if hash_tag(lock.as_bytes()).is_some() {
             lock.clone()
         } else if !lock.contains('}') {
@@ -60,9 +81,10 @@ impl LockKeys {
             format!("{{{}}}{lock}", slot_tag(key_slot(lock.as_bytes())))
         };
         Ok(LockKeys {
-            fence: format!("redlease:fence:{tail}"),
-            wake: format!("redlease:wake:{tail}"),
-            waiters: format!("redlease:waiters:{tail}"),
+            fence: format!("{RESERVED_PREFIX}fence:{tail}"),
+            wake: format!("{RESERVED_PREFIX}wakeup:{tail}"),
+            queue: format!("{RESERVED_PREFIX}queue:{tail}"),
+            grant: format!("{RESERVED_PREFIX}grant:{tail}"),
             lock,
         })
     }
@@ -151,7 +173,8 @@ mod tests {
             let slot = key_slot(keys.lock.as_bytes());
             assert_eq!(key_slot(keys.fence.as_bytes()), slot, "{name}");
             assert_eq!(key_slot(keys.wake.as_bytes()), slot, "{name}");
-            assert_eq!(key_slot(keys.waiters.as_bytes()), slot, "{name}");
+            assert_eq!(key_slot(keys.queue.as_bytes()), slot, "{name}");
+            assert_eq!(key_slot(keys.grant.as_bytes()), slot, "{name}");
         }
     }
 
@@ -160,5 +183,23 @@ mod tests {
         assert!(LockKeys::new("", "").is_err());
         assert!(LockKeys::new("", &"k".repeat(MAX_KEY_LEN)).is_ok());
         assert!(LockKeys::new("p:", &"k".repeat(MAX_KEY_LEN - 1)).is_err());
+    }
+
+    /// Safety item 9: a lock name can never be another lock's companion key.
+    #[test]
+    fn lock_keys_never_equal_companion_keys() {
+        for name in ["redlease:fence:{a}", "redlease:wakeup:{a}", "redlease:x"] {
+            assert!(LockKeys::new("", name).is_err(), "{name}");
+        }
+        assert!(LockKeys::new("redlease", ":fence:{a}").is_err());
+        let a = LockKeys::new("", "a").unwrap();
+        for companion in [&a.fence, &a.wake, &a.queue, &a.grant] {
+            assert!(companion.starts_with(RESERVED_PREFIX));
+            assert!(LockKeys::new("", companion).is_err());
+        }
+        assert!(
+            LockKeys::new("", "Redlease:fence:{a}").is_ok(),
+            "case matters in Redis"
+        );
     }
 }

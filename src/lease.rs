@@ -1,6 +1,16 @@
 //! The lease of a held lock: its token, its local deadline, and whether it was lost.
 //!
 //! Shared (behind an `Arc`) by the guard and the lock's renewal thread.
+//!
+//! Every local deadline is conservative: it is computed from the moment *before* the
+//! request that set or extended the key's expiry was written, so the key surely lives at
+//! least that long on the server (minus the drift allowance). The one way the server's
+//! expiry could end up earlier than a deadline computed so is an extend to a *shorter* ttl
+//! whose reply was lost: it may still run later. So after such an extend the lease never
+//! again assumes more than that shorter ttl (the `cap`).
+//!
+//! Extends and renewals take the lease's *gate*, one at a time; a release closes the gate
+//! (waiting for the one in flight), so nothing extends a lock after its release was sent.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -8,13 +18,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::client::ClientInner;
-use crate::connections::Pool;
+use crate::backend::{self, Backend, Call, Exec, Lane};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::process;
 use crate::scripts;
 use crate::token;
+use crate::waiting;
 
 /// Why a held lock was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,7 +52,7 @@ impl fmt::Display for LostReason {
 pub type LostCallback = Arc<dyn Fn(LostReason) + Send + Sync>;
 
 pub(crate) struct Lease {
-    pub client: Arc<ClientInner>,
+    pub backend: Arc<Backend>,
     pub keys: LockKeys,
     pub token: String,
     pub fencing_token: u64,
@@ -50,29 +60,53 @@ pub(crate) struct Lease {
     process: u64,
     on_lost: Option<LostCallback>,
     state: Mutex<LeaseState>,
-    /// Held while a renewal is sent; `true` once closed by a release (see
-    /// [`crate::renewal`]).
-    renewal_gate: Mutex<bool>,
+    /// Held while an extend or a renewal is in flight; `true` once closed by a release.
+    gate: Mutex<bool>,
 }
 
 struct LeaseState {
+    /// The ttl asked for last (by the acquire or an extend); renewal uses it.
     ttl: Duration,
-    /// Monotonic time by which the lease has surely ended on the server.
+    /// The shortest ttl of an extend whose outcome is unknown (see the module docs).
+    cap: Option<Duration>,
+    /// When the request that last set the key's expiry was written.
+    start: Instant,
+    /// Monotonic time before which the key surely still holds our token (unless deleted).
     deadline: Instant,
     lost: Option<LostReason>,
     released: bool,
     subscribers: Vec<Sender<LostReason>>,
 }
 
-/// Safety margin subtracted from a lease for clock drift and the request's flight time
-/// (the Redlock paper's 1 % plus 2 ms).
+impl LeaseState {
+    fn effective_ttl(&self) -> Duration {
+        self.cap.map_or(self.ttl, |cap| cap.min(self.ttl))
+    }
+}
+
+/// Safety margin subtracted from a lease for clock drift (the Redlock paper's 1 % plus 2 ms).
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    (ttl / 100 + Duration::from_millis(2)).min(ttl)
+}
+
+/// The local deadline of a lease of `ttl` whose request was written at `sent_at`.
 pub(crate) fn local_deadline(sent_at: Instant, ttl: Duration) -> Instant {
-    sent_at + ttl - (ttl / 100 + Duration::from_millis(2)).min(ttl)
+    sent_at + ttl - drift(ttl)
+}
+
+/// What an extend found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extended {
+    /// The key held our token and has the new ttl.
+    Yes,
+    /// The key no longer held our token.
+    NotHeld,
 }
 
 impl Lease {
+    /// A lease whose key was set with `ttl` by a request written at `sent_at`.
     pub fn new(
-        client: Arc<ClientInner>,
+        backend: Arc<Backend>,
         keys: LockKeys,
         token: String,
         fencing_token: u64,
@@ -81,7 +115,7 @@ impl Lease {
         on_lost: Option<LostCallback>,
     ) -> Self {
         Lease {
-            client,
+            backend,
             keys,
             token,
             fencing_token,
@@ -89,36 +123,45 @@ impl Lease {
             on_lost,
             state: Mutex::new(LeaseState {
                 ttl,
+                cap: None,
+                start: sent_at,
                 deadline: local_deadline(sent_at, ttl),
                 lost: None,
                 released: false,
                 subscribers: Vec::new(),
             }),
-            renewal_gate: Mutex::new(false),
+            gate: Mutex::new(false),
         }
     }
 
-    /// The renewal gate, held while a renewal is sent; `None` once closed.
-    pub fn renewal_gate(&self) -> Option<MutexGuard<'_, bool>> {
-        let gate = self.renewal_gate.lock().unwrap_or_else(|p| p.into_inner());
+    /// Takes the gate for an extend or a renewal; `None` once a release closed it.
+    pub fn gate(&self) -> Option<MutexGuard<'_, bool>> {
+        let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
         (!*gate).then_some(gate)
     }
 
-    /// Closes the renewal gate, waiting for a renewal in flight: none is sent afterwards.
-    pub fn close_renewal_gate(&self) {
-        *self.renewal_gate.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    /// Closes the gate, waiting for an extend or renewal in flight: none is sent afterwards.
+    pub fn close_gate(&self) {
+        *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = true;
     }
 
     fn state(&self) -> MutexGuard<'_, LeaseState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The ttl renewal uses: the last one asked for, never more than the cap.
     pub fn ttl(&self) -> Duration {
-        self.state().ttl
+        self.state().effective_ttl()
     }
 
     pub fn deadline(&self) -> Instant {
         self.state().deadline
+    }
+
+    /// When the next renewal is due: a third of the way into the current lease.
+    pub fn next_renewal(&self) -> Instant {
+        let s = self.state();
+        s.start + s.effective_ttl() / 3
     }
 
     pub fn lost(&self) -> Option<LostReason> {
@@ -204,69 +247,110 @@ impl Lease {
         }
     }
 
-    /// Sends the token-checked extend through `pool`, waiting up to `checkout` for a
-    /// connection and up to `io` (or the I/O timeout) for the reply. On success the ttl and
-    /// local deadline are updated; `Ok(false)` means the key no longer held the token (the
-    /// caller records the loss, outside any lock it holds).
-    pub fn extend_on(
+    /// Sends the token-checked extend on `lane`; the caller holds the gate. Nothing runs
+    /// past `cutoff`. On success the ttl, the lease start and the local deadline follow
+    /// the new ttl; when the outcome is unknown the deadline and cap are lowered to what
+    /// the extend may have set. The caller records a loss ([`Extended::NotHeld`]), outside
+    /// the gate.
+    pub fn extend_gated(
         &self,
-        pool: &Pool,
         ttl: Duration,
-        checkout: Duration,
-        io: Option<Duration>,
-    ) -> Result<bool> {
+        lane: Lane,
+        cutoff: Option<Instant>,
+    ) -> Result<Extended> {
         let ttl_ms = ttl_millis(ttl)?;
-        let sent_at = Instant::now();
-        let extended: i64 = pool.run(checkout, io, |c| {
-            scripts::EXTEND
-                .key(&self.keys.lock)
-                .arg(&self.token)
-                .arg(ttl_ms)
-                .invoke(c)
-        })?;
-        if extended == 1 {
-            let mut s = self.state();
-            s.ttl = ttl;
-            s.deadline = local_deadline(sent_at, ttl);
-            Ok(true)
-        } else {
-            Ok(false)
+        let call = Call::script(
+            &scripts::EXTEND,
+            &[&self.keys.lock],
+            &[&self.token, &ttl_ms],
+        );
+        let how = Exec {
+            cutoff,
+            ..self.backend.exec_on(lane)
+        };
+        let attempt_at = Instant::now();
+        let result = self
+            .backend
+            .run(&self.keys.lock, &[call], &how)
+            .and_then(|replies| {
+                let value = replies
+                    .values
+                    .into_iter()
+                    .next()
+                    .unwrap_or(redis::Value::Nil);
+                Ok((backend::reply::<i64>(value)?, replies.sent_at))
+            });
+        let mut s = self.state();
+        match result {
+            Ok((1, sent_at)) => {
+                s.ttl = ttl;
+                s.start = sent_at;
+                s.deadline = local_deadline(sent_at, s.effective_ttl());
+                Ok(Extended::Yes)
+            }
+            Ok(_) => Ok(Extended::NotHeld),
+            Err(e) => {
+                if e.outcome_unknown() {
+                    s.cap = Some(s.cap.map_or(ttl, |cap| cap.min(ttl)));
+                    s.deadline = s.deadline.min(local_deadline(attempt_at, ttl));
+                }
+                Err(e)
+            }
         }
     }
 
-    /// Sends the token-checked release (which hands the lock to a waiter if there is one).
+    /// Sends the token-checked release (which grants the lock to a waiter if there is
+    /// one) on the urgent lane, which never waits for a pooled connection.
     /// `Ok(false)`: the key no longer held the token.
     pub fn release_on_server(&self) -> Result<bool> {
-        let client = &self.client;
-        let handoff_token = token::new_token("handoff");
-        let ttl_ms = self.ttl().as_millis() as u64;
-        let released: i64 = client.pool.run(client.options.pool_wait, None, |c| {
-            scripts::RELEASE
-                .key(&self.keys.lock)
-                .key(&self.keys.fence)
-                .key(&self.keys.wake)
-                .key(&self.keys.waiters)
-                .arg(&self.token)
-                .arg(&handoff_token)
-                .arg(ttl_ms)
-                .arg(scripts::FENCE_TTL_MS)
-                .invoke(c)
-        })?;
-        Ok(released != 0)
+        release_token(&self.backend, &self.keys, &self.token, None)
     }
+}
+
+/// Runs the release script for `token`: the release of a held lock, or the withdrawal of
+/// a waiter that gives up (which also undoes a grant it may have taken unawares).
+/// `Ok(true)` when the key held `token` and no longer does.
+pub(crate) fn release_token(
+    backend: &Backend,
+    keys: &LockKeys,
+    token: &str,
+    cutoff: Option<Instant>,
+) -> Result<bool> {
+    let handoff = token::new_token("handoff");
+    let max_claim = waiting::grace(backend.io_timeout).as_millis() as u64;
+    let call = Call::script(
+        &scripts::RELEASE,
+        &[&keys.lock, &keys.wake, &keys.queue, &keys.grant],
+        &[&token, &handoff, &scripts::MIN_CLAIM_MS, &max_claim],
+    );
+    let how = Exec {
+        cutoff,
+        ..backend.exec_on(Lane::Urgent)
+    };
+    let replies = backend.run(&keys.lock, &[call], &how)?;
+    let value = replies
+        .values
+        .into_iter()
+        .next()
+        .unwrap_or(redis::Value::Nil);
+    Ok(backend::reply::<i64>(value)? != 0)
 }
 
 /// The largest ttl accepted (about 34 years); also keeps deadlines far from overflow.
 pub const MAX_TTL: Duration = Duration::from_millis(1 << 40);
 
+/// The shortest ttl accepted: a lease must outlive the round trip that sets it and the drift
+/// allowance, or it is lost before it can be used.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
 /// Validates a ttl and converts it to whole milliseconds.
 ///
-/// Errors: [`ErrorKind::InvalidArgument`] for less than 1 ms (a ttl of 0 would make
-/// `PEXPIRE` delete the key) or more than [`MAX_TTL`].
+/// Errors: [`ErrorKind::InvalidArgument`] for less than [`MIN_TTL`] or more than
+/// [`MAX_TTL`].
 pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64> {
-    if ttl < Duration::from_millis(1) {
+    if ttl < MIN_TTL {
         return Err(Error::invalid(format!(
-            "the ttl must be at least 1 ms, got {ttl:?}"
+            "the ttl must be at least {MIN_TTL:?} (shorter leases end before they can be used), got {ttl:?}"
         )));
     }
     if ttl > MAX_TTL {

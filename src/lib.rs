@@ -32,23 +32,30 @@
 //! Every call that talks to Redis blocks the calling thread for at most its timeouts
 //! ([`ClientOptions`]); nothing here needs an async runtime.
 
+mod acquire;
+mod backend;
+mod cancel;
 mod client;
-mod connections;
+mod connection;
 mod error;
 pub mod ffi;
 mod keys;
 mod lease;
 mod lock;
+mod pool;
 mod process;
 mod renewal;
 mod scripts;
+mod tls;
 mod token;
+mod url;
 mod waiting;
 
+pub use cancel::{CancelToken, cancel_all, reset_cancel_all};
 pub use client::{Client, ClientOptions};
 pub use error::{Error, ErrorKind, Result};
-pub use keys::{MAX_KEY_LEN, key_slot};
-pub use lease::{LostCallback, LostReason, MAX_TTL};
+pub use keys::{MAX_KEY_LEN, RESERVED_PREFIX, key_slot};
+pub use lease::{LostCallback, LostReason, MAX_TTL, MIN_TTL};
 pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard};
 
 #[cfg(test)]

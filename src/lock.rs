@@ -3,25 +3,28 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
+use crate::acquire::Acquire;
+use crate::backend::Lane;
+use crate::cancel::{CancelToken, InterruptHook, Watch};
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::lease::{Lease, LostCallback, LostReason, ttl_millis};
+use crate::lease::{Extended, Lease, LostCallback, LostReason, ttl_millis};
 use crate::renewal::Renewal;
-use crate::scripts;
 use crate::token;
-use crate::waiting::{self, Backoff, Wait, Woken};
+use crate::waiting::Wait;
 
 /// The ttl used when none is given.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
 /// Describes a lock to acquire; made by [`Client::lock`].
 ///
-/// Defaults: ttl [`DEFAULT_TTL`], renewal on, no lost-lock callback.
+/// Defaults: ttl [`DEFAULT_TTL`], renewal on, no lost-lock callback, not cancellable but by
+/// [`crate::cancel_all`].
 #[must_use = "a LockBuilder does nothing until one of its acquire methods is called"]
 pub struct LockBuilder<'a> {
     client: &'a Client,
@@ -29,6 +32,8 @@ pub struct LockBuilder<'a> {
     ttl: Duration,
     renew: bool,
     on_lost: Option<LostCallback>,
+    cancel: Option<CancelToken>,
+    on_interrupt: Option<InterruptHook>,
 }
 
 impl<'a> LockBuilder<'a> {
@@ -39,11 +44,13 @@ impl<'a> LockBuilder<'a> {
             ttl: DEFAULT_TTL,
             renew: true,
             on_lost: None,
+            cancel: None,
+            on_interrupt: None,
         }
     }
 
     /// The lease: how long the lock outlives a holder that stops renewing (crashes, pauses,
-    /// loses the network). Whole milliseconds, at least 1 ms.
+    /// loses the network). Whole milliseconds, at least [`crate::MIN_TTL`].
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -63,121 +70,76 @@ impl<'a> LockBuilder<'a> {
         self
     }
 
+    /// Lets `token` cancel the wait: [`CancelToken::cancel`] makes the acquire fail promptly
+    /// with [`ErrorKind::Cancelled`], holding nothing.
+    pub fn cancel_token(mut self, token: &CancelToken) -> Self {
+        self.cancel = Some(token.clone());
+        self
+    }
+
+    /// A function run on the acquiring thread when a signal interrupts the wait (and at
+    /// least every 200 ms while it blocks); returning `true` cancels the acquire
+    /// ([`ErrorKind::Cancelled`]). Without it, an interrupted wait simply resumes.
+    pub fn on_interrupt(mut self, hook: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        self.on_interrupt = Some(Arc::new(hook));
+        self
+    }
+
     /// Tries once, without waiting.
     ///
     /// Errors: [`ErrorKind::Busy`] when another owner holds the lock; connection, timeout,
-    /// server and invalid-argument errors as their kinds say.
+    /// server and invalid-argument errors as their kinds say. Bounded by the pool wait, the
+    /// connect timeout and the I/O timeout.
     pub fn try_acquire(self) -> Result<LockGuard> {
         self.acquire_with(Wait::No)
     }
 
     /// Waits up to `wait` for the lock. Blocks the calling thread; a zero `wait` tries once.
+    /// Returns within `wait` plus one request's bounds (connect and I/O timeouts, and
+    /// 0.25 s for Redis to end a block).
     ///
     /// Errors: [`ErrorKind::Busy`] when the wait ended while another owner held the lock;
-    /// [`ErrorKind::InvalidArgument`] when `wait` overflows the clock.
+    /// [`ErrorKind::Cancelled`]; [`ErrorKind::InvalidArgument`] when `wait` overflows the
+    /// clock.
     pub fn acquire_timeout(self, wait: Duration) -> Result<LockGuard> {
         let wait = Wait::up_to(wait)?;
         self.acquire_with(wait)
     }
 
     /// Waits as long as it takes. Blocks the calling thread; returns early only on an error
-    /// (for example when Redis cannot be reached).
+    /// (for example when Redis cannot be reached) or a cancellation.
     pub fn acquire(self) -> Result<LockGuard> {
         self.acquire_with(Wait::Forever)
     }
 
     pub(crate) fn acquire_with(self, wait: Wait) -> Result<LockGuard> {
-        let LockBuilder {
-            client,
-            name,
-            ttl,
-            renew,
-            on_lost,
-        } = self;
-        let inner = &client.inner;
-        let ttl_ms = ttl_millis(ttl)?;
-        let ttl = Duration::from_millis(ttl_ms);
-        let keys = LockKeys::new(&inner.options.key_prefix, name)?;
+        let inner = &self.client.inner;
+        let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
+        let keys = LockKeys::new(&inner.options.key_prefix, self.name)?;
         let token = token::new_token(&inner.owner_label);
-        let registration_ms = waiting::registration_ms(inner.options.io_timeout);
-        let lease = |keys: LockKeys, token: String, fencing_token, ttl, since| {
-            let on_lost = on_lost.clone();
-            Lease::new(
-                inner.clone(),
-                keys,
-                token,
-                fencing_token,
-                ttl,
-                since,
-                on_lost,
-            )
-        };
-        let mut mode = if wait == Wait::No {
-            scripts::MODE_ONCE
-        } else {
-            scripts::MODE_NEW_WAITER
-        };
-        let mut backoff = Backoff::new();
-        loop {
-            let sent_at = Instant::now();
-            let (granted, value): (i64, i64) =
-                inner.pool.run(inner.options.pool_wait, None, |c| {
-                    scripts::ACQUIRE
-                        .key(&keys.lock)
-                        .key(&keys.fence)
-                        .key(&keys.wake)
-                        .key(&keys.waiters)
-                        .arg(&token)
-                        .arg(ttl_ms)
-                        .arg(scripts::FENCE_TTL_MS)
-                        .arg(mode)
-                        .arg(registration_ms)
-                        .invoke(c)
-                })?;
-            if granted == 1 {
-                let fencing_token = u64::try_from(value).map_err(|_| {
-                    Error::new(ErrorKind::Server, format!("bad fencing token {value}"))
-                })?;
-                return LockGuard::start(lease(keys, token, fencing_token, ttl, sent_at), renew);
-            }
-            let busy = || {
-                Error::new(
-                    ErrorKind::Busy,
-                    format!("lock {:?} is held by another owner", keys.lock),
-                )
-            };
-            if mode == scripts::MODE_ONCE || mode == scripts::MODE_LAST_ATTEMPT {
-                return Err(busy());
-            }
-            mode = scripts::MODE_COUNTED_WAITER;
-            match waiting::block(&inner.pool, &keys, wait, &mut backoff, value)? {
-                Woken::Retry => {}
-                // One more attempt, which also stops counting this waiter.
-                Woken::Expired => mode = scripts::MODE_LAST_ATTEMPT,
-                Woken::Handoff {
-                    token: handed,
-                    fencing_token,
-                    ttl: handed_ttl,
-                    at,
-                } => {
-                    let lease = lease(keys.clone(), handed, fencing_token, handed_ttl, at);
-                    if handed_ttl == ttl {
-                        return LockGuard::start(lease, renew);
-                    }
-                    // The releaser's lease: make it the one this caller asked for.
-                    match lease.extend_on(&inner.pool, ttl, inner.options.pool_wait, None) {
-                        Ok(true) => return LockGuard::start(lease, renew),
-                        // Expired in flight: nothing is held; wait on, counted anew.
-                        Ok(false) => mode = scripts::MODE_NEW_WAITER,
-                        Err(e) => {
-                            // Held, but under the releaser's ttl: release it and report.
-                            drop(LockGuard::start(lease, false));
-                            return Err(e);
-                        }
-                    }
-                }
-            }
+        let watch = Watch::waiting(self.cancel, self.on_interrupt);
+        if wait != Wait::No && watch.cancelled() {
+            return Err(Error::new(ErrorKind::Cancelled, "the wait was cancelled"));
         }
+        let granted = Acquire {
+            backend: &inner.backend,
+            keys: &keys,
+            token: &token,
+            ttl,
+            wait,
+            watch,
+        }
+        .run()?;
+        let lease = Lease::new(
+            inner.backend.clone(),
+            keys,
+            token,
+            granted.fencing_token,
+            ttl,
+            granted.sent_at,
+            self.on_lost,
+        );
+        LockGuard::start(lease, self.renew)
     }
 }
 
@@ -253,26 +215,44 @@ impl LockGuard {
     }
 
     /// Sets the lease to `ttl` from now, if the key still holds this lock's token.
-    /// Blocking: one round trip, bounded by the I/O timeout. The renewal thread, if any,
-    /// renews with the new ttl from then on.
+    /// Blocking: waits for a renewal in flight, then one round trip (connect and I/O
+    /// timeouts). The renewal thread, if any, renews with the new ttl from then on (the
+    /// next renewal a third of the way into the new lease).
     ///
-    /// Errors: [`ErrorKind::NotHeld`] when the lock was lost (also marked lost);
-    /// [`ErrorKind::InvalidArgument`] for a ttl under 1 ms.
+    /// Errors: [`ErrorKind::NotHeld`] when the lock was lost or released (a loss is also
+    /// marked); [`ErrorKind::InvalidArgument`] for a ttl under [`crate::MIN_TTL`].
+    /// After a connection error or timeout the extend may or may not have happened: the
+    /// lease then assumes the shorter of the old and the new ttl until a later extend
+    /// succeeds.
     pub fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = Duration::from_millis(ttl_millis(ttl)?);
         self.lease.check_process()?;
         if self.released.load(Ordering::SeqCst) {
             return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
         }
-        let client = &self.lease.client;
-        if self
-            .lease
-            .extend_on(&client.pool, ttl, client.options.pool_wait, None)?
-        {
-            Ok(())
-        } else {
-            self.lease.mark_lost(LostReason::NotHeld);
-            Err(self.not_held())
+        let extended = {
+            let Some(_gate) = self.lease.gate() else {
+                return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
+            };
+            if let Some(reason) = self.lease.lost() {
+                return Err(Error::new(
+                    ErrorKind::NotHeld,
+                    format!("lock {:?} was lost: {reason}", self.lease.keys.lock),
+                ));
+            }
+            self.lease.extend_gated(ttl, Lane::Urgent, None)?
+        };
+        match extended {
+            Extended::Yes => {
+                if let Some(renewal) = self.renewal_slot().as_ref() {
+                    renewal.reschedule();
+                }
+                Ok(())
+            }
+            Extended::NotHeld => {
+                self.lease.mark_lost(LostReason::NotHeld);
+                Err(self.not_held())
+            }
         }
     }
 
@@ -298,6 +278,8 @@ impl LockGuard {
         if let Some(renewal) = renewal {
             renewal.stop();
         }
+        // Closed even without renewal: no extend may run after the release either.
+        self.lease.close_gate();
         self.lease.mark_released();
         if self.lease.release_on_server()? {
             Ok(())

@@ -7,18 +7,27 @@
 //! A renewal that finds the token gone, or that cannot reach Redis before the lease's local
 //! deadline, marks the lock lost and ends the renewal: no renewal is sent after that.
 //!
-//! No renewal after a release: each renewal is sent while holding the lease's renewal gate,
-//! and [`Renewal::stop`] closes that gate (waiting for a renewal in flight) before the
-//! release is sent. From then on the thread is free. It is not joined: it parks, ready to
+//! No renewal after a release: each renewal is sent while holding the lease's gate (which
+//! `extend` takes too, so the two never race), and [`Renewal::stop`] closes that gate
+//! (waiting for a renewal in flight) before the release is sent. From then on the thread is
+//! free. The thread holds only a weak reference to the lease, so a released lock (and its
+//! client's connections) is freed when its guard is, not when the thread next wakes.
+//!
+//! Timing: a renewal is due a third of the way into the current lease (counted from when
+//! the request that set it was written), so it follows the ttl of the last extend; an
+//! extend that succeeds reschedules the thread. A renewal is cut off at the lease's local
+//! deadline (connecting included): if it has not succeeded by then, the lock is lost at
+//! that moment. It is not joined: it parks, ready to
 //! renew the next lock, so acquiring a lock costs no thread spawn. A parked thread whose own
 //! wake-up comes before the next lock's first renewal gets that lock without even being
 //! woken. Parked threads exit after [`IDLE_TIMEOUT`].
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use crate::backend::Lane;
 use crate::error::{Error, ErrorKind, Result};
-use crate::lease::{Lease, LostReason};
+use crate::lease::{Extended, Lease, LostReason};
 use crate::process;
 
 /// Shortest pause between two renewal attempts after a failed one.
@@ -35,10 +44,10 @@ pub(crate) struct Renewal {
     job: u64,
 }
 
-/// A lock for a renewal thread, and when it is first due.
+/// A lock for a renewal thread, and when it is next due.
 struct Job {
     id: u64,
-    lease: Arc<Lease>,
+    lease: Weak<Lease>,
     due: Instant,
 }
 
@@ -57,6 +66,8 @@ struct Worker {
 
 struct WorkerState {
     mailbox: Option<Job>,
+    /// The job's lease was extended: its next renewal is due at this (earlier) moment.
+    rescheduled: Option<(u64, Instant)>,
     wake_at: Instant,
     /// Awake and working (renewing, or in a lost-lock callback). A busy thread is not put
     /// back among the parked ones by [`free`]; it parks itself when done, so a callback that
@@ -68,6 +79,8 @@ struct WorkerState {
 enum Woke {
     /// A job was handed over.
     Job(Job),
+    /// The job with this id is now due at this moment.
+    Rescheduled(u64, Instant),
     /// Its own deadline passed.
     Timer,
 }
@@ -92,7 +105,16 @@ impl Worker {
         }
     }
 
-    /// Sleeps until `wake_at` or a handed-over job.
+    /// Moves job `id`'s next renewal to `due`, waking the thread if it would sleep past it.
+    fn reschedule(&self, id: u64, due: Instant) {
+        let mut state = self.state();
+        state.rescheduled = Some((id, due));
+        if state.wake_at > due {
+            self.poke.notify_one();
+        }
+    }
+
+    /// Sleeps until `wake_at`, a handed-over job or a reschedule.
     fn sleep_until(&self, wake_at: Instant) -> Woke {
         let mut state = self.state();
         state.wake_at = wake_at;
@@ -101,6 +123,10 @@ impl Worker {
             if let Some(job) = state.mailbox.take() {
                 state.busy = true;
                 return Woke::Job(job);
+            }
+            if let Some((id, due)) = state.rescheduled.take() {
+                state.busy = true;
+                return Woke::Rescheduled(id, due);
             }
             let left = wake_at.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -168,7 +194,7 @@ impl Renewal {
     ///
     /// Errors: [`ErrorKind::Internal`] when the OS refuses a new thread.
     pub fn start(lease: Arc<Lease>) -> Result<Renewal> {
-        let due = Instant::now() + lease.ttl() / 3;
+        let due = lease.next_renewal();
         let (worker, id) = {
             let mut p = parked();
             p.next_job += 1;
@@ -187,7 +213,7 @@ impl Renewal {
         };
         let job = Job {
             id,
-            lease: lease.clone(),
+            lease: Arc::downgrade(&lease),
             due,
         };
         let worker = match worker {
@@ -208,8 +234,15 @@ impl Renewal {
     /// be sent. Waits only for a renewal in flight (bounded by the lease's validity); safe
     /// to call from the renewal thread itself (a lost-lock callback that releases).
     pub fn stop(self) {
-        self.lease.close_renewal_gate();
+        self.lease.close_gate();
         free(&self.worker, self.job);
+    }
+
+    /// The lease was extended: the next renewal is due a third of the way into it.
+    pub fn reschedule(&self) {
+        if *self.worker.assigned() == self.job {
+            self.worker.reschedule(self.job, self.lease.next_renewal());
+        }
     }
 }
 
@@ -219,6 +252,7 @@ fn spawn(job: Job) -> Result<Arc<Worker>> {
         assigned: Mutex::new(id),
         state: Mutex::new(WorkerState {
             mailbox: Some(job),
+            rescheduled: None,
             wake_at: Instant::now(),
             busy: true,
         }),
@@ -251,22 +285,37 @@ fn work(me: &Arc<Worker>) {
             Some(job) => job.due,
             None => idle_since + IDLE_TIMEOUT,
         };
-        if let Woke::Job(job) = me.sleep_until(wake_at) {
-            current = Some(job);
-            continue;
+        match me.sleep_until(wake_at) {
+            Woke::Job(job) => {
+                current = Some(job);
+                continue;
+            }
+            Woke::Rescheduled(id, due) => {
+                if let Some(job) = current.as_mut().filter(|job| job.id == id) {
+                    job.due = due;
+                }
+                continue;
+            }
+            Woke::Timer => {}
         }
         match current.take() {
-            Some(job) if job.lease.renewal_gate().is_none() => idle_since = Instant::now(),
             Some(mut job) => {
+                let lease = job.lease.upgrade().filter(|lease| lease.gate().is_some());
+                let Some(lease) = lease else {
+                    // Released (and perhaps dropped) meanwhile.
+                    idle_since = Instant::now();
+                    continue;
+                };
                 // A bug must not leave a dead thread among the parked ones: a panic ends
                 // this lock's renewal (reported as lost) and the thread goes on.
                 let renewed =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| renew(&job.lease)))
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| renew(&lease)))
                         .unwrap_or_else(|_| {
-                            log::error!("renewing lock {:?} panicked", job.lease.keys.lock);
-                            job.lease.mark_lost(LostReason::Unreachable);
+                            log::error!("renewing lock {:?} panicked", lease.keys.lock);
+                            lease.mark_lost(LostReason::Unreachable);
                             None
                         });
+                drop(lease);
                 match renewed {
                     Some(next) => {
                         job.due = next;
@@ -295,29 +344,40 @@ fn work(me: &Arc<Worker>) {
 /// (the lock was lost or released).
 fn renew(lease: &Lease) -> Option<Instant> {
     let deadline = lease.deadline();
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
+    if Instant::now() >= deadline {
         lease.mark_lost(LostReason::Unreachable);
         return None;
     }
     let ttl = lease.ttl();
     let renewed = {
-        let _gate = lease.renewal_gate()?;
+        let _gate = lease.gate()?;
         if lease.lost().is_some() {
             return None;
         }
-        lease.extend_on(&lease.client.renewal_pool, ttl, left, Some(left))
+        // Before the gate was ours an extend may have moved the lease on.
+        let due = lease.next_renewal();
+        if due > Instant::now() {
+            return Some(due);
+        }
+        lease.extend_gated(ttl, Lane::Renewal, Some(deadline))
     };
     match renewed {
-        Ok(true) => Some(Instant::now() + ttl / 3),
-        Ok(false) => {
+        Ok(Extended::Yes) => Some(lease.next_renewal()),
+        Ok(Extended::NotHeld) => {
             lease.mark_lost(LostReason::NotHeld);
             None
         }
         Err(e) => {
+            // The deadline may have been lowered (an extend of unknown outcome).
+            let deadline = lease.deadline();
+            let now = Instant::now();
+            if now >= deadline {
+                log::warn!("renewing lock {:?} failed: {e}", lease.keys.lock);
+                lease.mark_lost(LostReason::Unreachable);
+                return None;
+            }
             log::warn!("renewing lock {:?} failed, retrying: {e}", lease.keys.lock);
-            let left = deadline.saturating_duration_since(Instant::now());
-            Some(Instant::now() + (ttl / 10).max(MIN_RETRY).min(left))
+            Some(now + (ttl / 10).max(MIN_RETRY).min(deadline - now))
         }
     }
 }

@@ -1,26 +1,47 @@
 //! The server-side Lua scripts of the lock protocol, one immutable value per script.
 //!
-//! Each runs with `EVALSHA`; [`redis::Script`] computes the SHA once and falls back to
-//! `SCRIPT LOAD` on `NOSCRIPT` (a restarted or failed-over server has an empty cache).
-//! Every key a script touches is passed in `KEYS[]`, and all of them share one cluster slot
-//! (see [`crate::keys`]).
+//! Each runs with `EVALSHA` and falls back to `EVAL` on `NOSCRIPT` (a restarted or
+//! failed-over server has an empty script cache; see [`crate::backend`]). Every key a
+//! script touches is passed in `KEYS[]`, and all of them share one cluster slot (see
+//! [`crate::keys`]).
 //!
-//! Waiting and handoff: a waiter that finds the lock held counts itself in the `waiters`
-//! counter and blocks in `BLPOP` on the `wake` list. A release that sees waiters does not
-//! delete the lock: it gives it to a fresh token and pushes `"<fence> <ttl_ms> <token>"` to
-//! the wake list; Redis hands that element to the waiter that blocked first, which then
-//! holds the lock under that token. One release wakes exactly one waiter, and the lock
-//! passes in the order waiters blocked. If nobody was blocked after all, the next acquire
-//! attempt claims the pending handoff.
+//! Waiting and handoff. A waiter that finds the lock held registers its own token in the
+//! `queue` (a sorted set scored by when the registration lapses, by the server clock) and
+//! blocks in `BLPOP` on the `wake` list, with an `ACQUIRE` pipelined behind the `BLPOP` so
+//! that the server runs it the moment the `BLPOP` returns. A release that finds a live
+//! registration does not delete the lock: it sets the key to a fresh handoff token for a
+//! short *claim lease*, records that token as the pending `grant`, and pushes one element
+//! to the wake list. Redis gives the element to the waiter that blocked first; that
+//! waiter's `ACQUIRE` then finds the key still holding the pending grant and takes it,
+//! setting the key to the waiter's own token with the waiter's ttl and drawing the next
+//! fencing token. So a grant is only ever believed after it was confirmed against the key
+//! (a stale wake element, a foreign `DEL`, an eviction or an expired grant changes the key,
+//! and the waiter just tries again), one release wakes one waiter, the lock passes in the
+//! order waiters blocked, and a grant nobody takes lapses after its claim lease.
 
 use std::sync::LazyLock;
-
-use redis::Script;
 
 /// How long a fencing counter lives. Expiry is safe: a missing counter is seeded from the
 /// server clock, which is above every token handed out before; so the counter is given its
 /// expiry once, when seeded, and never refreshed (one command less per acquisition).
 pub(crate) const FENCE_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// Shortest claim lease of a grant, ms: enough for a blocked waiter, which takes its grant
+/// in the same server iteration, and for one that is between two round trips.
+pub(crate) const MIN_CLAIM_MS: u64 = 200;
+
+/// A Lua script: its text and SHA1, computed once.
+pub(crate) struct Lua {
+    pub code: String,
+    pub sha: String,
+}
+
+impl Lua {
+    fn new(code: String) -> Self {
+        let sha = redis::Script::new(&code).get_hash().to_owned();
+        Lua { code, sha }
+    }
+}
 
 /// `next_fence(key, expiry_ms)`: the next fencing token of a lock. A missing counter (first
 /// use, expiry, or a restart without persistence) is seeded with the server time in
@@ -37,104 +58,130 @@ local function next_fence(key, expiry_ms)
   end
   return fence
 end
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
 ";
 
-/// Acquire modes (ARGV[4] of [`ACQUIRE`]): a single attempt, counted as no waiter.
+/// Acquire modes (ARGV[4] of [`ACQUIRE`]): a single attempt; never registered as a waiter.
 pub(crate) const MODE_ONCE: u8 = 0;
-/// A failed attempt counts the caller as a new waiter.
-pub(crate) const MODE_NEW_WAITER: u8 = 1;
-/// The caller is already counted as a waiter; a grant uncounts it.
-pub(crate) const MODE_COUNTED_WAITER: u8 = 2;
-/// The last attempt of a counted waiter whose wait is over: uncounted whatever the outcome.
-pub(crate) const MODE_LAST_ATTEMPT: u8 = 3;
+/// A waiter's attempt before it blocks: registers (or refreshes) it if the lock is held.
+pub(crate) const MODE_WAITER: u8 = 1;
+/// A waiter's attempt right after a block (pipelined behind its `BLPOP`): may take a
+/// pending grant, whose wake element it may have popped; registers if still held.
+pub(crate) const MODE_AFTER_BLOCK: u8 = 2;
+/// As [`MODE_AFTER_BLOCK`], but the waiter's wait is over: withdraws its registration if
+/// the lock is still held.
+pub(crate) const MODE_LAST: u8 = 3;
 
 /// Acquire: `SET lock token NX PX ttl`, and on success the next fencing token.
 ///
-/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] waiters counter
-/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] counter expiry ms (when seeded), ARGV[4] mode
-///   (`MODE_*`), ARGV[5] how long a waiter's count lives, ms
+/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue, KEYS[5] grant
+/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fencing counter expiry ms, ARGV[4] mode
+///   (`MODE_*`), ARGV[5] how long a registration lives unrefreshed, ms
 /// - Returns `{1, fencing_token}` when acquired, `{0, pttl_ms}` when another owner holds it
 ///   (`pttl_ms` is -1 for a key without expiry).
 ///
 /// Also acquired: a key that already holds the same token (an attempt repeated after a lost
-/// reply), and a pending handoff nobody was blocked to take (the handoff's fencing token is
-/// kept). The release that made the handoff uncounted one waiter for it: a counted caller
-/// is that waiter; anyone else took it from a waiter still waiting, whose count comes back.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+/// reply; the lease restarts from this attempt), and a pending grant, by a waiter just back
+/// from a block, or by a registered waiter when the grant's wake element is still unpopped
+/// (nobody was blocked when it was made). A caller that is not a registered waiter never
+/// takes a grant: it would jump the queue.
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
         "{NEXT_FENCE}{}",
         r"
+local token = ARGV[1]
 local mode = tonumber(ARGV[4])
-local function uncount()
-  if tonumber(redis.call('GET', KEYS[4]) or '0') > 0 then
-    redis.call('DECR', KEYS[4])
+local function granted()
+  if mode ~= 0 then
+    redis.call('ZREM', KEYS[4], token)
   end
+  return {1, next_fence(KEYS[2], ARGV[3])}
 end
-local function granted(fence)
-  if mode >= 2 then
-    uncount()
-  end
-  return {1, fence}
-end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return granted(next_fence(KEYS[2], ARGV[3]))
+if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+  return granted()
 end
 local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] and redis.call('PEXPIRE', KEYS[1], ARGV[2]) == 1 then
-  return granted(next_fence(KEYS[2], ARGV[3]))
+if holder == token then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return granted()
 end
-local pending = redis.call('LINDEX', KEYS[3], 0)
-if holder and pending then
-  local fence, token = string.match(pending, '^(%d+) %d+ (.*)$')
-  if token == holder then
-    redis.call('DEL', KEYS[3])
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    if mode < 2 and redis.call('EXISTS', KEYS[4]) == 1 then
-      redis.call('INCR', KEYS[4])
-    end
-    return {1, tonumber(fence)}
+if mode ~= 0 and holder and holder == redis.call('GET', KEYS[5]) then
+  if mode >= 2 or (redis.call('ZSCORE', KEYS[4], token)
+      and redis.call('LLEN', KEYS[3]) > 0) then
+    redis.call('DEL', KEYS[5], KEYS[3])
+    redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+    return granted()
   end
 end
+local pttl = redis.call('PTTL', KEYS[1])
+if mode == 0 then
+  return {0, pttl}
+end
 if mode == 3 then
-  uncount()
-  return {0, redis.call('PTTL', KEYS[1])}
+  redis.call('ZREM', KEYS[4], token)
+  return {0, pttl}
 end
-if mode == 1 then
-  redis.call('INCR', KEYS[4])
-elseif mode == 2 and redis.call('EXISTS', KEYS[4]) == 0 then
-  redis.call('SET', KEYS[4], 1)
+local now = now_ms()
+local lives = tonumber(ARGV[5])
+redis.call('ZADD', KEYS[4], now + lives, token)
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+if redis.call('PTTL', KEYS[4]) < lives then
+  redis.call('PEXPIRE', KEYS[4], lives)
 end
-if mode ~= 0 and redis.call('PTTL', KEYS[4]) < tonumber(ARGV[5]) then
-  redis.call('PEXPIRE', KEYS[4], ARGV[5])
-end
-return {0, redis.call('PTTL', KEYS[1])}
+return {0, pttl}
 "
     ))
 });
 
-/// Release: only while the lock holds our token. Without waiters the key is deleted; with
-/// waiters the lock is handed to one of them (see the module documentation).
+/// Release: only while the lock holds our token. Without a live registered waiter the key
+/// is deleted; with one, the lock is granted to the first waiter to take it (see the module
+/// documentation). Also withdraws the caller's own registration, so a waiter that gives up
+/// runs it with its own token to undo a grant it may have taken without hearing of it.
 ///
-/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] waiters counter
-/// - ARGV[1] token, ARGV[2] fresh token for a handoff, ARGV[3] ttl of a handoff in ms,
-///   ARGV[4] counter expiry ms (when seeded)
-/// - Returns 1 when released, 2 when handed to a waiter, 0 when the key no longer held the
+/// - KEYS[1] lock, KEYS[2] wake list, KEYS[3] queue, KEYS[4] grant
+/// - ARGV[1] token, ARGV[2] fresh handoff token, ARGV[3] shortest claim lease ms, ARGV[4]
+///   longest claim lease ms (the releaser's grace). Between the two, a grant lives as long
+///   as the registration of the last waiter to refresh it.
+/// - Returns 1 when released, 2 when granted to a waiter, 0 when the key no longer held the
 ///   token.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+///
+/// Under memory pressure (`maxmemory` with `noeviction`) a write that adds data may be
+/// refused; the release then deletes the key without a handoff (a delete is never refused)
+/// and the waiters find the lock free at their next attempt.
+pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
         "{NEXT_FENCE}{}",
         r"
+redis.call('ZREM', KEYS[3], ARGV[1])
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-if tonumber(redis.call('GET', KEYS[4]) or '0') > 0 then
-  redis.call('DECR', KEYS[4])
-  local fence = next_fence(KEYS[2], ARGV[4])
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  redis.call('DEL', KEYS[3])
-  redis.call('RPUSH', KEYS[3], string.format('%d', fence) .. ' ' .. ARGV[3] .. ' ' .. ARGV[2])
-  redis.call('PEXPIRE', KEYS[3], ARGV[3])
-  return 2
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+if last[2] then
+  local claim = math.min(math.max(tonumber(last[2]) - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
+  local set = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', claim)
+  local pushed = type(set) ~= 'table' or not set.err
+  if pushed then
+    redis.call('DEL', KEYS[2])
+    for _, r in ipairs({
+      redis.pcall('SET', KEYS[4], ARGV[2], 'PX', claim),
+      redis.pcall('RPUSH', KEYS[2], ARGV[2]),
+    }) do
+      if type(r) == 'table' and r.err then
+        pushed = false
+      end
+    end
+  end
+  if pushed then
+    redis.call('PEXPIRE', KEYS[2], claim)
+    return 2
+  end
+  redis.call('DEL', KEYS[2], KEYS[4])
 end
 redis.call('DEL', KEYS[1])
 return 1
@@ -147,13 +194,14 @@ return 1
 /// - KEYS[1] lock key
 /// - ARGV[1] token, ARGV[2] new ttl in ms (never 0: `PEXPIRE key 0` deletes the key)
 /// - Returns 1 when extended, 0 when the key no longer held the token.
-pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
-",
+"
+        .to_owned(),
     )
 });

@@ -1,18 +1,15 @@
-//! Waiting for a held lock: deadlines, backoff with jitter, and blocking for a handoff.
+//! Waiting for a held lock: the caller's deadline, backoff with jitter, and how long one
+//! block on the server may last.
 //!
-//! After a failed attempt a waiter blocks on the server (`BLPOP` on the lock's wake list,
-//! see [`crate::scripts`]) for at most the backoff delay, cut to the time left before the
-//! caller's deadline and to just after the current holder's lease ends. A release hands the
-//! lock over through that list, to the waiter that blocked first; an expired holder is
-//! noticed when its lease ends; a release that no waiter saw (a foreign client's `DEL`, a
-//! waiter that vanished) costs at most one backoff delay. Without a free pooled connection
-//! a waiter sleeps instead of blocking.
+//! A waiter blocks on the server (see [`crate::acquire`]) for at most its backoff delay,
+//! cut to the time left before the caller's deadline, to just after the current holder's
+//! lease ends, and to two thirds of its registration's grace (so that it is back to renew
+//! its registration before the registration lapses). A release wakes it at once; a release
+//! no waiter saw (a foreign client's `DEL`) costs at most one delay.
 
 use std::time::{Duration, Instant};
 
-use crate::connections::Pool;
-use crate::error::{Error, ErrorKind, Result};
-use crate::keys::LockKeys;
+use crate::error::{Error, Result};
 
 /// First backoff delay; doubles per attempt up to [`MAX_DELAY`].
 const MIN_DELAY: Duration = Duration::from_millis(500);
@@ -21,11 +18,14 @@ const MAX_DELAY: Duration = Duration::from_secs(2);
 /// Upper bound of the jitter added after a holder's lease ends, so that waiters whose
 /// holder expired do not all retry in the same millisecond.
 const EXPIRY_JITTER_MS: u64 = 5;
+/// What the grace of a waiter adds to its I/O timeout.
+const GRACE_MARGIN: Duration = Duration::from_millis(500);
 
-/// How long a waiter's count lives on the server without being refreshed: one full backoff
-/// delay plus a reply's time. After a crash the count cannot outlive its waiter for long.
-pub(crate) fn registration_ms(io_timeout: Duration) -> u64 {
-    (MAX_DELAY + io_timeout).as_millis() as u64
+/// How long a waiter's registration, and a lock granted to it but not yet taken, live
+/// unrefreshed: the I/O timeout plus half a second. A live waiter refreshes its
+/// registration after every block, well within this; a crashed one's lapses after it.
+pub(crate) fn grace(io_timeout: Duration) -> Duration {
+    io_timeout + GRACE_MARGIN
 }
 
 /// How long an acquire may wait.
@@ -42,19 +42,33 @@ pub(crate) enum Wait {
 impl Wait {
     /// Waiting up to `wait` from now.
     ///
-    /// Errors: [`ErrorKind::InvalidArgument`] when the deadline is not representable.
+    /// Errors: [`crate::ErrorKind::InvalidArgument`] when the deadline is not representable.
     pub fn up_to(wait: Duration) -> Result<Wait> {
         if wait.is_zero() {
             return Ok(Wait::No);
         }
         Instant::now()
             .checked_add(wait)
+            .filter(|_| wait <= MAX_WAIT)
             .map(Wait::Until)
-            .ok_or_else(|| Error::invalid(format!("the wait of {wait:?} is too long")))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "the wait of {wait:?} is too long (at most {MAX_WAIT:?}; wait forever instead)"
+                ))
+            })
+    }
+
+    /// The instant the wait ends, `None` for no limit.
+    pub fn deadline(self) -> Option<Instant> {
+        match self {
+            Wait::No => Some(Instant::now()),
+            Wait::Until(deadline) => Some(deadline),
+            Wait::Forever => None,
+        }
     }
 
     /// Time left, `None` for no limit.
-    fn left(self, now: Instant) -> Option<Duration> {
+    pub fn left(self, now: Instant) -> Option<Duration> {
         match self {
             Wait::No => Some(Duration::ZERO),
             Wait::Until(deadline) => Some(deadline.saturating_duration_since(now)),
@@ -62,6 +76,9 @@ impl Wait {
         }
     }
 }
+
+/// The longest finite wait accepted (about 34 years, as the longest ttl).
+pub(crate) const MAX_WAIT: Duration = Duration::from_millis(1 << 40);
 
 /// Exponential backoff with jitter: each delay is drawn from `[d/2, d]`, then `d` doubles.
 pub(crate) struct Backoff {
@@ -79,113 +96,32 @@ impl Backoff {
         let half = full / 2;
         half + half.mul_f64(fastrand::f64())
     }
-}
 
-/// How a blocked wait ended.
-#[derive(Debug)]
-pub(crate) enum Woken {
-    /// A release handed the lock to this waiter under `token`, for `ttl` from `at`.
-    Handoff {
-        token: String,
-        fencing_token: u64,
-        ttl: Duration,
-        at: Instant,
-    },
-    /// Time for another attempt.
-    Retry,
-    /// The caller's wait is over.
-    Expired,
-}
-
-/// After a failed attempt, blocks until a handoff, the backoff delay, the holder's lease end
-/// (`holder_pttl_ms`, negative when unknown) or the caller's deadline, whichever is first.
-///
-/// Errors only when the wait itself could not reach Redis.
-pub(crate) fn block(
-    pool: &Pool,
-    keys: &LockKeys,
-    wait: Wait,
-    backoff: &mut Backoff,
-    holder_pttl_ms: i64,
-) -> Result<Woken> {
-    let now = Instant::now();
-    let mut delay = backoff.next_delay();
-    if let Ok(pttl) = u64::try_from(holder_pttl_ms) {
-        let jitter = fastrand::u64(1..=EXPIRY_JITTER_MS);
-        delay = delay.min(Duration::from_millis(pttl + jitter));
-    }
-    if let Some(left) = wait.left(now) {
-        if left.is_zero() {
-            return Ok(Woken::Expired);
+    /// How long the next block may last: the backoff delay, cut to the time `left` of the
+    /// caller's wait, to just after the holder's lease (`holder_pttl_ms`, negative when
+    /// unknown), and to two thirds of the waiter's `grace`. At least 1 ms (`BLPOP` takes 0
+    /// as "forever").
+    pub fn block_for(
+        &mut self,
+        left: Option<Duration>,
+        holder_pttl_ms: i64,
+        grace: Duration,
+    ) -> Duration {
+        let mut delay = self.next_delay().min(grace * 2 / 3);
+        if let Ok(pttl) = u64::try_from(holder_pttl_ms) {
+            let jitter = fastrand::u64(1..=EXPIRY_JITTER_MS);
+            delay = delay.min(Duration::from_millis(pttl + jitter));
         }
-        delay = delay.min(left);
-    }
-    // BLPOP takes seconds with millisecond resolution; 0 would mean "forever".
-    let delay = delay.max(Duration::from_millis(1));
-    let Some(conn) = pool.try_get() else {
-        std::thread::sleep(delay);
-        return Ok(Woken::Retry);
-    };
-    let mut conn = conn?;
-    let io = pool.connector.io_timeout();
-    conn.ensure_timeout(delay + io / 2, delay + io * 2)?;
-    let seconds = format!("{:.3}", delay.as_secs_f64());
-    let popped = conn.run(|c| {
-        redis::cmd("BLPOP")
-            .arg(&keys.wake)
-            .arg(&seconds)
-            .query::<Option<(String, String)>>(c)
-    })?;
-    match popped {
-        Some((_, element)) => parse_handoff(&element),
-        None => Ok(Woken::Retry),
-    }
-}
-
-/// Parses a handoff element, `"<fencing token> <ttl ms> <token>"`.
-fn parse_handoff(element: &str) -> Result<Woken> {
-    let at = Instant::now();
-    let mut parts = element.splitn(3, ' ');
-    let mut number = || parts.next().and_then(|n| n.parse::<u64>().ok());
-    let (fencing_token, ttl_ms) = (number(), number());
-    match (fencing_token, ttl_ms, parts.next()) {
-        (Some(fencing_token), Some(ttl_ms), Some(token)) if !token.is_empty() => {
-            Ok(Woken::Handoff {
-                token: token.to_owned(),
-                fencing_token,
-                ttl: Duration::from_millis(ttl_ms),
-                at,
-            })
+        if let Some(left) = left {
+            delay = delay.min(left);
         }
-        _ => Err(Error::new(
-            ErrorKind::Server,
-            format!("malformed handoff {element:?} on the wake list"),
-        )),
+        delay.max(Duration::from_millis(1))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_handoff_elements() {
-        match parse_handoff("17 3000 abc:handoff x").unwrap() {
-            Woken::Handoff {
-                token,
-                fencing_token,
-                ttl,
-                ..
-            } => {
-                assert_eq!(token, "abc:handoff x");
-                assert_eq!(fencing_token, 17);
-                assert_eq!(ttl, Duration::from_secs(3));
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(parse_handoff("x 1 t").is_err());
-        assert!(parse_handoff("1 2").is_err());
-    }
 
     #[test]
     fn backoff_grows_with_jitter_and_is_capped() {
@@ -195,5 +131,29 @@ mod tests {
         for _ in 0..20 {
             assert!(b.next_delay() <= MAX_DELAY);
         }
+    }
+
+    #[test]
+    fn a_block_is_cut_to_the_wait_the_holder_and_the_grace() {
+        let grace = Duration::from_millis(900);
+        let mut b = Backoff::new();
+        for _ in 0..20 {
+            assert!(b.block_for(None, -1, grace) <= Duration::from_millis(600));
+        }
+        let d = b.block_for(Some(Duration::from_millis(50)), -1, grace);
+        assert!(d <= Duration::from_millis(50));
+        let d = b.block_for(None, 10, grace);
+        assert!(d <= Duration::from_millis(10 + EXPIRY_JITTER_MS));
+        assert_eq!(
+            b.block_for(Some(Duration::ZERO), -1, grace),
+            Duration::from_millis(1)
+        );
+    }
+
+    #[test]
+    fn waits_too_long_to_represent_are_refused() {
+        assert!(Wait::up_to(Duration::MAX).is_err());
+        assert!(Wait::up_to(MAX_WAIT + Duration::from_millis(1)).is_err());
+        assert_eq!(Wait::up_to(Duration::ZERO).unwrap(), Wait::No);
     }
 }

@@ -243,8 +243,8 @@ fn script_flush_between_calls_changes_nothing() {
         .release()
         .unwrap();
     assert!(
-        server.calls("script|load") >= 3,
-        "the NOSCRIPT fallback was not exercised"
+        server.calls("eval") >= 3,
+        "the NOSCRIPT fallback (EVAL) was not exercised"
     );
 }
 
@@ -302,8 +302,8 @@ fn companion_keys_hash_to_the_lock_key_slot_on_a_real_cluster() {
             .unwrap();
         assert_eq!(
             keys.len(),
-            4,
-            "lock, fence, waiters, wake for {name:?}: {keys:?}"
+            5,
+            "lock, fence, wakeup, queue, grant for {name:?}: {keys:?}"
         );
         let lock_slot: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
@@ -327,28 +327,43 @@ fn companion_keys_hash_to_the_lock_key_slot_on_a_real_cluster() {
     }
 }
 
-/// Leaves every key a lock uses in Redis: the lock (holding a pending handoff), the fencing
-/// counter, the waiters counter and the wake list.
-fn make_every_companion_key(server: &RedisServer, client: &Client, name: &str) {
+/// Leaves every key a lock uses in Redis: the lock (holding a grant nobody took), the
+/// fencing counter, the queue (with a registration that lives on), the wake-up list and the
+/// pending grant. Returns the queue's key.
+fn make_every_companion_key(server: &RedisServer, client: &Client, name: &str) -> Vec<u8> {
     let holder = client.lock(name).try_acquire().unwrap();
-    // A waiter that gives up leaves the (expiring) waiters counter behind...
-    let err = client
-        .lock(name)
-        .acquire_timeout(Duration::from_millis(50))
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Busy);
-    let waiters: Vec<Vec<u8>> = redis::cmd("KEYS")
-        .arg("redlease:waiters:*")
-        .query(&mut server.conn())
-        .unwrap();
-    assert_eq!(waiters.len(), 1, "{name:?}");
-    // ...and a release that believes a waiter is blocked leaves a pending handoff.
-    redis::cmd("SET")
-        .arg(&waiters[0])
-        .arg(1)
+    // A waiter blocks (so it is registered in the queue), then is cancelled.
+    let cancel = redlease::CancelToken::new();
+    let waiter = {
+        let (client, name, cancel) = (client.clone(), name.to_owned(), cancel.clone());
+        std::thread::spawn(move || client.lock(&name).cancel_token(&cancel).acquire().map(drop))
+    };
+    let queue = || -> Vec<Vec<u8>> {
+        redis::cmd("KEYS")
+            .arg("redlease:queue:*")
+            .query(&mut server.conn())
+            .unwrap()
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || queue().len() == 1),
+        "{name:?}"
+    );
+    let queue = queue().remove(0);
+    // A registration whose waiter is gone but has not lapsed yet...
+    redis::cmd("ZADD")
+        .arg(&queue)
+        .arg(u64::MAX >> 12)
+        .arg("ghost")
         .query::<()>(&mut server.conn())
         .unwrap();
+    cancel.cancel();
+    assert_eq!(
+        waiter.join().unwrap().unwrap_err().kind(),
+        ErrorKind::Cancelled
+    );
+    // ...makes the release grant the lock to it.
     holder.release().unwrap();
+    queue
 }
 
 #[test]
@@ -405,51 +420,62 @@ fn fifo_round(server: &RedisServer, client: &Client, name: &str) -> Option<Vec<u
     (blocked == start + 4 && server.calls("blpop") == blocked).then_some(order)
 }
 
+/// Safety item 6: a grant nobody takes (its waiter vanished) holds the lock only for a
+/// short claim lease, for redlease and plain `SET NX` clients alike; a registered waiter
+/// takes it at once, a newcomer does not jump the queue.
 #[test]
-fn a_handoff_nobody_was_blocked_for_is_claimed_by_the_next_attempt() {
+fn a_grant_nobody_takes_lapses_quickly_and_only_a_waiter_may_take_it() {
     let server = RedisServer::start();
     let client = client(&server);
     make_every_companion_key(&server, &client, "pending");
     let value: String = server.cmd(&["GET", "pending"]);
     assert!(value.ends_with(":handoff"), "{value}");
-    let before: i64 = server.cmd(&["GET", "redlease:fence:{pending}"]);
-    let waiting: i64 = server.cmd(&["GET", "redlease:waiters:{pending}"]);
-    assert_eq!(
-        waiting, 0,
-        "the release reserved the handoff for the one counted waiter"
+    let claim: i64 = server.cmd(&["PTTL", "pending"]);
+    assert!(
+        claim > 0 && claim <= 2_500,
+        "a grant lives at most the waiter's grace (I/O timeout + 0.5 s), not the ttl: {claim} ms"
     );
-    let guard = client.lock("pending").try_acquire().unwrap();
-    let waiting: i64 = server.cmd(&["GET", "redlease:waiters:{pending}"]);
+    let before: u64 = server.cmd(&["GET", "redlease:fence:{pending}"]);
+    let err = client.lock("pending").try_acquire().unwrap_err();
     assert_eq!(
-        waiting, 1,
-        "an uncounted caller took the handoff: the waiter is counted again"
+        err.kind(),
+        ErrorKind::Busy,
+        "a newcomer took a waiter's grant"
     );
-    assert_eq!(
-        guard.fencing_token() as i64,
-        before,
-        "the handoff's fencing token"
+    // A waiter blocks, pops the grant's wake-up and takes the grant.
+    let started = Instant::now();
+    let guard = client
+        .lock("pending")
+        .acquire_timeout(Duration::from_secs(10))
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
     );
-    assert!(!server.cmd::<bool>(&["EXISTS", "redlease:wake:{pending}"]));
+    assert!(
+        guard.fencing_token() > before,
+        "a grant draws a fresh fencing token"
+    );
     let stored: String = server.cmd(&["GET", "pending"]);
     assert_eq!(stored, guard.token());
-}
+    assert!(!server.cmd::<bool>(&["EXISTS", "redlease:grant:{pending}"]));
+    guard.release().unwrap();
 
-#[test]
-fn waiters_that_give_up_are_uncounted() {
-    let server = RedisServer::start();
-    let client = client(&server);
-    let holder = client.lock("give-up").try_acquire().unwrap();
-    let waiters = support::waiters_giving_up(&client, "give-up", 3, Duration::from_millis(300));
-    for w in waiters {
-        assert_eq!(w.join().unwrap().unwrap_err().kind(), ErrorKind::Busy);
-    }
-    assert!(server.calls("blpop") >= 3, "the waiters did not block");
-    let waiting: i64 = server.cmd(&["GET", "redlease:waiters:{give-up}"]);
-    assert_eq!(waiting, 0);
-    // A release that happens while nobody is blocked: the next release must delete the key
-    // rather than hand it to a waiter who is gone.
-    holder.release().unwrap();
-    assert!(!server.cmd::<bool>(&["EXISTS", "give-up"]));
+    // With no waiter at all, the grant lapses on its own and a plain SET NX gets in.
+    make_every_companion_key(&server, &client, "orphan");
+    server.cmd::<()>(&["DEL", "redlease:queue:{orphan}"]);
+    let lapsed = Instant::now();
+    assert!(eventually(Duration::from_secs(5), || {
+        server
+            .cmd::<Option<String>>(&["SET", "orphan", "foreign", "NX", "PX", "10000"])
+            .is_some()
+    }));
+    assert!(
+        lapsed.elapsed() <= Duration::from_millis(2_700),
+        "{:?}",
+        lapsed.elapsed()
+    );
 }
 
 #[test]

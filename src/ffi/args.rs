@@ -1,6 +1,7 @@
 //! Converting C arguments: strings and output pointers.
 
 use std::ffi::{CStr, c_char};
+use std::os::unix::fs::OpenOptionsExt;
 
 use super::status::Failure;
 
@@ -75,4 +76,33 @@ pub(crate) unsafe fn copy_out(text: &str, buf: *mut c_char, buf_len: usize) -> R
         *buf.add(text.len()) = 0;
     }
     Ok(())
+}
+
+/// Reads a small regular file (a CA certificate): never a FIFO or a device, which could
+/// block or never end, and at most [`crate::tls::MAX_CA_FILE`] bytes.
+pub(crate) fn read_small_file(path: &str, what: &str) -> Result<Vec<u8>, Failure> {
+    use std::io::Read;
+    let fail = |why: String| Failure::argument(format!("cannot read {what} {path:?}: {why}"));
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| fail(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| fail(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(fail("not a regular file".into()));
+    }
+    let limit = crate::tls::MAX_CA_FILE;
+    if meta.len() > limit {
+        return Err(fail(format!("larger than {limit} bytes")));
+    }
+    let mut data = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut data)
+        .map_err(|e| fail(e.to_string()))?;
+    if data.len() as u64 > limit {
+        return Err(fail(format!("larger than {limit} bytes")));
+    }
+    Ok(data)
 }

@@ -171,10 +171,7 @@ pub unsafe extern "C" fn lock_client_open_opts(
             options = options.owner_label(label);
         }
         if let Some(path) = unsafe { opt_str_arg(opts.tls_ca_cert_file, "tls_ca_cert_file") }? {
-            let pem = std::fs::read(path).map_err(|e| {
-                Failure::argument(format!("cannot read the CA certificate {path:?}: {e}"))
-            })?;
-            options = options.tls_ca_cert(pem);
+            options = options.tls_ca_cert(args::read_small_file(path, "the CA certificate")?);
         }
         unsafe { open_client(url, options, out_client) }
     })
@@ -188,7 +185,7 @@ pub unsafe extern "C" fn lock_client_open_opts(
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_client_close(client: lock_client_t) -> i32 {
     boundary(|| {
-        CLIENTS
+        let closed = CLIENTS
             .remove(client)
             .ok_or_else(|| Failure::handle("client"))?;
         for entry in LOCKS.remove_where(|e| e.client == client) {
@@ -196,6 +193,7 @@ pub extern "C" fn lock_client_close(client: lock_client_t) -> i32 {
                 log::warn!("releasing a lock while closing its client: {e}");
             }
         }
+        closed.close_idle();
         Ok(())
     })
 }

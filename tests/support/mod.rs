@@ -2,6 +2,8 @@
 //! a temporary directory, killed by its pid on drop (its log is printed if the test failed).
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

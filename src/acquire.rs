@@ -1,0 +1,262 @@
+//! Acquiring a lock: one attempt, or a wait that blocks on the server for a grant.
+//!
+//! The protocol is the one of [`crate::scripts`]: an attempt that finds the lock held
+//! registers the waiter; the waiter then sends `BLPOP wake` with an `ACQUIRE` pipelined
+//! behind it, so the server runs the attempt the moment the `BLPOP` returns, and the grant
+//! a release made is confirmed against the key before anyone believes it. Each attempt's
+//! lease is timed from the moment its request was written, never from when the reply came.
+//!
+//! A waiter that gives up (its deadline, a cancellation, an error it cannot recover from)
+//! withdraws: its last attempt does so on the server, or the release script runs with the
+//! waiter's token, which also hands back a grant it may have taken without hearing of it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::backend::{self, Backend, Call, Exec, Lane};
+use crate::cancel::Watch;
+use crate::connection;
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::lease::{local_deadline, release_token};
+use crate::scripts::{self, ACQUIRE, EXTEND};
+use crate::waiting::{self, Backoff, Wait};
+
+/// One acquisition in progress.
+pub(crate) struct Acquire<'a> {
+    pub backend: &'a Arc<Backend>,
+    pub keys: &'a LockKeys,
+    pub token: &'a str,
+    pub ttl: Duration,
+    pub wait: Wait,
+    pub watch: Watch,
+}
+
+/// A lock acquired: its fencing token, and when the request that set the key's expiry to
+/// the ttl was written (the conservative start of the lease).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Granted {
+    pub fencing_token: u64,
+    pub sent_at: Instant,
+}
+
+/// What one attempt found.
+enum Attempt {
+    Granted(Granted),
+    /// Held by another owner for this long (ms; -1 without expiry).
+    Busy(i64),
+}
+
+impl Acquire<'_> {
+    /// Acquires, waiting as the request says.
+    ///
+    /// Errors: [`ErrorKind::Busy`] when the wait ends while another owner holds the lock,
+    /// [`ErrorKind::Cancelled`], and the errors of the requests. On every error this
+    /// caller holds nothing (or, when Redis became unreachable, a withdrawal was tried and
+    /// the docs of [`crate::Error::outcome_unknown`] apply).
+    pub fn run(&self) -> Result<Granted> {
+        let grace = waiting::grace(self.backend.io_timeout);
+        let first_mode = if self.wait == Wait::No {
+            scripts::MODE_ONCE
+        } else {
+            scripts::MODE_WAITER
+        };
+        let lane = self
+            .backend
+            .caller_lane(self.wait.deadline().filter(|_| self.wait != Wait::No));
+        let mut pttl = match self.plain(first_mode, lane) {
+            Ok(Attempt::Granted(g)) => return self.settle(g),
+            Ok(Attempt::Busy(pttl)) => pttl,
+            Err(e) => return Err(self.give_up(e, false)),
+        };
+        if self.wait == Wait::No {
+            return Err(self.busy());
+        }
+        let mut backoff = Backoff::new();
+        loop {
+            if self.watch.cancelled() {
+                return Err(self.give_up(cancelled(), true));
+            }
+            let left = self.wait.left(Instant::now());
+            if left == Some(Duration::ZERO) {
+                // The wait ended between two blocks: one last attempt, which withdraws.
+                return match self.plain(scripts::MODE_LAST, self.backend.caller_lane(None)) {
+                    Ok(Attempt::Granted(g)) => self.settle(g),
+                    Ok(Attempt::Busy(_)) => Err(self.busy()),
+                    Err(e) => Err(self.give_up(e, true)),
+                };
+            }
+            let block = backoff.block_for(left, pttl, grace);
+            let last = left.is_some_and(|left| left <= block);
+            let mode = if last {
+                scripts::MODE_LAST
+            } else {
+                scripts::MODE_AFTER_BLOCK
+            };
+            let outcome = match self.block_then_attempt(block, mode) {
+                // Every blocking connection is taken: sleep instead, then try.
+                Ok(None) => connection::pause(block, &self.watch)
+                    .and_then(|()| self.plain(mode, self.backend.caller_lane(None))),
+                Ok(Some(outcome)) => Ok(outcome),
+                Err(e) if e.is_cancelled() => return Err(self.give_up(e, true)),
+                // The blocked connection failed (reset, timeout): a fresh attempt on
+                // another connection also takes a grant popped on the dead one.
+                Err(e) if e.is_unreachable() => {
+                    log::debug!("waiting for {:?}: {e}; trying again", self.keys.lock);
+                    self.plain(mode, self.backend.caller_lane(None))
+                }
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(Attempt::Granted(g)) => return self.settle(g),
+                Ok(Attempt::Busy(_)) if last => return Err(self.busy()),
+                Ok(Attempt::Busy(holder_pttl)) => pttl = holder_pttl,
+                Err(e) => return Err(self.give_up(e, true)),
+            }
+        }
+    }
+
+    fn busy(&self) -> Error {
+        Error::new(
+            ErrorKind::Busy,
+            format!("lock {:?} is held by another owner", self.keys.lock),
+        )
+    }
+
+    fn attempt_call(&self, mode: u8) -> Call {
+        let keys = self.keys;
+        let grace_ms = waiting::grace(self.backend.io_timeout).as_millis() as u64;
+        Call::script(
+            &ACQUIRE,
+            &[
+                &keys.lock,
+                &keys.fence,
+                &keys.wake,
+                &keys.queue,
+                &keys.grant,
+            ],
+            &[
+                &self.token,
+                &(self.ttl.as_millis() as u64),
+                &scripts::FENCE_TTL_MS,
+                &mode,
+                &grace_ms,
+            ],
+        )
+    }
+
+    /// One attempt on its own.
+    fn plain(&self, mode: u8, lane: Lane) -> Result<Attempt> {
+        let how = self.backend.exec_on(lane);
+        let replies = self
+            .backend
+            .run(&self.keys.lock, &[self.attempt_call(mode)], &how)?;
+        parse_attempt(replies.values.into_iter().next(), replies.sent_at)
+    }
+
+    /// Blocks on the wake list for up to `block`, then attempts (pipelined). `Ok(None)`
+    /// when no blocking connection is free.
+    fn block_then_attempt(&self, block: Duration, mode: u8) -> Result<Option<Attempt>> {
+        let mut blpop = redis::cmd("BLPOP");
+        blpop
+            .arg(&self.keys.wake)
+            .arg(format!("{:.3}", block.as_secs_f64()));
+        let calls = [Call::blocking(&blpop, block), self.attempt_call(mode)];
+        let how = Exec {
+            watch: &self.watch,
+            ..self.backend.exec_on(Lane::Blocking)
+        };
+        let Some(replies) = self.backend.exec(&self.keys.lock, &calls, &how)? else {
+            return Ok(None);
+        };
+        let mut values = replies.values.into_iter();
+        let popped = values.next();
+        if let Some(Value::ServerError(e)) = &popped {
+            return Err(connection::server_error(e));
+        }
+        parse_attempt(values.next(), replies.sent_at).map(Some)
+    }
+
+    /// A lock taken after a long block has a conservative deadline well short of its real
+    /// lease (the block's length short): extend it now, so the caller gets the lease it
+    /// asked for and renewal does not start late.
+    fn settle(&self, granted: Granted) -> Result<Granted> {
+        let remaining =
+            local_deadline(granted.sent_at, self.ttl).saturating_duration_since(Instant::now());
+        if remaining >= self.ttl * 2 / 3 {
+            return Ok(granted);
+        }
+        let call = Call::script(
+            &EXTEND,
+            &[&self.keys.lock],
+            &[&self.token, &(self.ttl.as_millis() as u64)],
+        );
+        let how = self.backend.exec_on(Lane::Urgent);
+        let result = self
+            .backend
+            .run(&self.keys.lock, &[call], &how)
+            .and_then(|r| {
+                let value = r.values.into_iter().next().unwrap_or(Value::Nil);
+                Ok((backend::reply::<i64>(value)?, r.sent_at))
+            });
+        match result {
+            Ok((1, sent_at)) => Ok(Granted { sent_at, ..granted }),
+            // The key changed hands at once (deleted by someone): nothing is held.
+            Ok(_) => Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "lock {:?} was taken from this caller as it was acquired",
+                    self.keys.lock
+                ),
+            )),
+            // Still held with the shorter lease, if any of it is left.
+            Err(_) if remaining > Duration::ZERO => Ok(granted),
+            Err(e) => Err(self.give_up(e, true)),
+        }
+    }
+
+    /// Withdraws (best effort, within one I/O timeout) and returns `error`: the caller
+    /// must hold nothing after a failed acquire. A request whose outcome is unknown may
+    /// have taken the lock, or registered the waiter; the release script with this token
+    /// undoes both.
+    /// `registered`: an earlier attempt of this waiter registered it on the server.
+    fn give_up(&self, error: Error, registered: bool) -> Error {
+        if error.outcome_unknown() || registered {
+            let cutoff = Some(Instant::now() + self.backend.io_timeout);
+            match release_token(self.backend, self.keys, self.token, cutoff) {
+                Ok(true) => log::debug!(
+                    "withdrawing from {:?} undid a grant never heard of",
+                    self.keys.lock
+                ),
+                Ok(false) => {}
+                Err(e) => log::warn!(
+                    "could not withdraw from lock {:?} ({e}); a grant this caller may hold \
+                     lapses after its lease",
+                    self.keys.lock
+                ),
+            }
+        }
+        error
+    }
+}
+
+fn cancelled() -> Error {
+    Error::new(ErrorKind::Cancelled, "the wait was cancelled")
+}
+
+/// Reads an `ACQUIRE` reply: `{1, fencing_token}` or `{0, pttl}`.
+fn parse_attempt(value: Option<Value>, sent_at: Instant) -> Result<Attempt> {
+    let (granted, number): (i64, i64) = backend::reply(value.unwrap_or(Value::Nil))?;
+    if granted == 1 {
+        let fencing_token = u64::try_from(number)
+            .map_err(|_| Error::new(ErrorKind::Server, format!("bad fencing token {number}")))?;
+        Ok(Attempt::Granted(Granted {
+            fencing_token,
+            sent_at,
+        }))
+    } else {
+        Ok(Attempt::Busy(number))
+    }
+}

@@ -1,0 +1,287 @@
+//! The backend seam: the one module that knows how a deployment is reached.
+//!
+//! The lock code asks a [`Backend`] to run a few calls (scripts and commands, pipelined on
+//! one connection) on the server that owns a lock key, and gets the replies and the moment
+//! the request went out. It never sees connections, pools or topology. The single server is
+//! one implementation ([`single`]); Cluster and Sentinel are others.
+//!
+//! What every implementation promises:
+//!
+//! - Calls go out together in one write, on one connection, in order; the replies come
+//!   back in order. A blocking call (`BLPOP`) holds the calls after it until it returns.
+//! - A script answered `NOSCRIPT` did not run: it is sent again with `EVAL` (the calls after
+//!   it are sent again too).
+//! - Nothing is repeated once it may have run: a failure after the request was written is
+//!   returned with [`crate::Error::outcome_unknown`] set. A request is retried only when it
+//!   surely did not run (no connection could be made, or the server refused it without
+//!   running it, such as `MOVED` or `READONLY`), and only within the call's bounds.
+//! - Every step is bounded: waiting for a pooled connection by the caller's deadline,
+//!   connecting by the connect timeout, each reply by the I/O timeout (plus the blocking
+//!   time of a blocking call), and all of it by the optional cutoff.
+
+pub(crate) mod single;
+
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::cancel::Watch;
+use crate::connection::{Connection, server_error};
+use crate::error::{Error, ErrorKind, Result};
+use crate::scripts::Lua;
+
+pub(crate) use self::single::Server;
+
+/// How late Redis may end a blocking command past its timeout: it checks blocked clients'
+/// timeouts when its event loop wakes, at least every 1/hz s (100 ms at the default `hz 10`).
+pub(crate) const BLOCK_LATENESS: Duration = Duration::from_millis(250);
+
+/// One command of a request, packed once.
+pub(crate) struct Call {
+    packed: Vec<u8>,
+    /// The script and its keys and arguments, to resend as `EVAL` after `NOSCRIPT`.
+    script: Option<(&'static Lua, Vec<Vec<u8>>)>,
+    /// A blocking command: how long the server may hold it.
+    block: Option<Duration>,
+}
+
+impl Call {
+    /// A plain command.
+    pub fn cmd(cmd: &redis::Cmd) -> Call {
+        Call {
+            packed: cmd.get_packed_command(),
+            script: None,
+            block: None,
+        }
+    }
+
+    /// A command the server holds up to `block` before it answers (`BLPOP`).
+    pub fn blocking(cmd: &redis::Cmd, block: Duration) -> Call {
+        Call {
+            block: Some(block),
+            ..Call::cmd(cmd)
+        }
+    }
+
+    /// `EVALSHA` of `lua` with `keys`, then `args`.
+    pub fn script(lua: &'static Lua, keys: &[&str], args: &[&dyn ScriptArg]) -> Call {
+        let mut tail: Vec<Vec<u8>> = Vec::with_capacity(1 + keys.len() + args.len());
+        tail.push(keys.len().to_string().into_bytes());
+        tail.extend(keys.iter().map(|k| k.as_bytes().to_vec()));
+        tail.extend(args.iter().map(|a| a.bytes()));
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&lua.sha).arg(&tail);
+        Call {
+            packed: cmd.get_packed_command(),
+            script: Some((lua, tail)),
+            block: None,
+        }
+    }
+
+    /// The same call as `EVAL` with the script's text (for `NOSCRIPT`).
+    fn as_eval(&self) -> Vec<u8> {
+        match &self.script {
+            Some((lua, tail)) => redis::cmd("EVAL")
+                .arg(&lua.code)
+                .arg(tail)
+                .get_packed_command(),
+            None => self.packed.clone(),
+        }
+    }
+}
+
+/// An argument of a script: a string or a number, as the bytes Redis receives.
+pub(crate) trait ScriptArg {
+    fn bytes(&self) -> Vec<u8>;
+}
+
+impl ScriptArg for &str {
+    fn bytes(&self) -> Vec<u8> {
+        self.as_bytes().to_vec()
+    }
+}
+
+impl ScriptArg for String {
+    fn bytes(&self) -> Vec<u8> {
+        self.as_bytes().to_vec()
+    }
+}
+
+impl ScriptArg for u64 {
+    fn bytes(&self) -> Vec<u8> {
+        self.to_string().into_bytes()
+    }
+}
+
+impl ScriptArg for u8 {
+    fn bytes(&self) -> Vec<u8> {
+        self.to_string().into_bytes()
+    }
+}
+
+/// Which connections a request may use (see [`crate::pool`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// A caller's request; waits for a pooled connection until the given instant.
+    Caller(Instant),
+    /// A blocked wait; `Ok(None)` when every blocking connection is taken.
+    Blocking,
+    /// A release or an extend: never waits for a pooled connection.
+    Urgent,
+    /// A renewal: connections of its own, never waited for.
+    Renewal,
+}
+
+/// How to run one request.
+pub(crate) struct Exec<'a> {
+    pub lane: Lane,
+    /// Longest wait for each reply (a blocking call's reply gets its blocking time on top).
+    pub io: Duration,
+    /// Nothing (connecting, writing, reading) runs past this instant.
+    pub cutoff: Option<Instant>,
+    /// What may cancel the wait for the replies.
+    pub watch: &'a Watch,
+}
+
+/// The replies of a request, and when it was written: the server ran it after `sent_at`,
+/// so a lease it set ends after `sent_at + ttl` (the conservative base of local deadlines).
+pub(crate) struct Replies {
+    pub values: Vec<Value>,
+    pub sent_at: Instant,
+}
+
+/// The deployment a client talks to, and the timeouts every request keeps.
+pub(crate) struct Backend {
+    nodes: Nodes,
+    /// Longest wait for one reply.
+    pub io_timeout: Duration,
+    /// Longest wait for a pooled connection on the caller lane.
+    pub pool_wait: Duration,
+}
+
+enum Nodes {
+    Single(Server),
+}
+
+impl Backend {
+    pub fn single(server: Server, io_timeout: Duration, pool_wait: Duration) -> Self {
+        Backend {
+            nodes: Nodes::Single(server),
+            io_timeout,
+            pool_wait,
+        }
+    }
+
+    /// Runs `calls` on the server that owns `key`. `Ok(None)` only on [`Lane::Blocking`]
+    /// when no blocking connection is free.
+    pub fn exec(&self, key: &str, calls: &[Call], how: &Exec<'_>) -> Result<Option<Replies>> {
+        match &self.nodes {
+            Nodes::Single(server) => server.exec(key, calls, how),
+        }
+    }
+
+    /// As [`exec`](Self::exec) on a lane that always gets a connection.
+    pub fn run(&self, key: &str, calls: &[Call], how: &Exec<'_>) -> Result<Replies> {
+        self.exec(key, calls, how)?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Internal,
+                "no connection on a lane that never lacks one",
+            )
+        })
+    }
+
+    /// The URL with its password hidden.
+    pub fn describe(&self) -> &str {
+        match &self.nodes {
+            Nodes::Single(server) => &server.describe,
+        }
+    }
+
+    /// Closes idle connections (the client is closing; connections in use close when
+    /// their requests end).
+    pub fn close_idle(&self) {
+        match &self.nodes {
+            Nodes::Single(server) => server.close_idle(),
+        }
+    }
+
+    /// The settings of an ordinary request on `lane`: each reply within the I/O timeout,
+    /// a caller-lane checkout within the pool wait.
+    pub fn exec_on(&self, lane: Lane) -> Exec<'static> {
+        static NONE: std::sync::LazyLock<Watch> = std::sync::LazyLock::new(Watch::none);
+        Exec {
+            lane,
+            io: self.io_timeout,
+            cutoff: None,
+            watch: &NONE,
+        }
+    }
+
+    /// The caller lane, waiting for a pooled connection up to the pool wait (cut to
+    /// `until` when given).
+    pub fn caller_lane(&self, until: Option<Instant>) -> Lane {
+        let by = Instant::now() + self.pool_wait;
+        Lane::Caller(until.map_or(by, |u| u.min(by)))
+    }
+}
+
+/// Writes `calls` in one request on `conn` and reads their replies; resends from the first
+/// script answered `NOSCRIPT`, as `EVAL`.
+pub(crate) fn run_calls(conn: &mut Connection, calls: &[Call], how: &Exec<'_>) -> Result<Replies> {
+    let cut = |t: Instant| how.cutoff.map_or(t, |c| t.min(c));
+    let mut packed = Vec::with_capacity(calls.iter().map(|c| c.packed.len()).sum());
+    for call in calls {
+        packed.extend_from_slice(&call.packed);
+    }
+    let sent_at = Instant::now();
+    conn.send(&packed, calls.len(), cut(sent_at + how.io))?;
+    let mut values = read_replies(conn, calls, sent_at, how)?;
+    if let Some(first) = values.iter().position(is_noscript) {
+        let again = &calls[first..];
+        let mut packed = Vec::new();
+        for call in again {
+            packed.extend_from_slice(&call.as_eval());
+        }
+        let resent_at = Instant::now();
+        conn.send(&packed, again.len(), cut(resent_at + how.io))?;
+        let more = read_replies(conn, again, resent_at, how)?;
+        values.truncate(first);
+        values.extend(more);
+    }
+    Ok(Replies { values, sent_at })
+}
+
+fn read_replies(
+    conn: &mut Connection,
+    calls: &[Call],
+    sent_at: Instant,
+    how: &Exec<'_>,
+) -> Result<Vec<Value>> {
+    let mut values = Vec::with_capacity(calls.len());
+    let mut since = sent_at;
+    for call in calls {
+        let mut deadline = since + how.io;
+        if let Some(block) = call.block {
+            deadline += block + BLOCK_LATENESS;
+        }
+        if let Some(cutoff) = how.cutoff {
+            deadline = deadline.min(cutoff);
+        }
+        values.push(conn.recv(deadline, how.watch)?);
+        since = Instant::now();
+    }
+    Ok(values)
+}
+
+fn is_noscript(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
+/// The reply as `T`, or the server's error as [`ErrorKind::Server`].
+pub(crate) fn reply<T: redis::FromRedisValue>(value: Value) -> Result<T> {
+    if let Value::ServerError(e) = &value {
+        return Err(server_error(e));
+    }
+    redis::from_redis_value(value)
+        .map_err(|e| Error::new(ErrorKind::Server, format!("unexpected reply: {e}")).with_source(e))
+}

@@ -1,0 +1,99 @@
+//! One Redis server (`redis://`, `rediss://`, `redis+unix://`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::backend::{Call, Exec, Lane, Replies, reply, run_calls};
+use crate::cancel::Watch;
+use crate::connection::{Connection, Connector};
+use crate::error::Result;
+use crate::pool::{self, Pool};
+
+/// Idle connections the renewal pool keeps. Renewals of locks taken together come in
+/// bursts; with too few idle connections each burst opens (and closes) new ones.
+const RENEWAL_IDLE: usize = 64;
+
+/// A single server: a pool for callers, waiters and releases, and one for renewals.
+pub(crate) struct Server {
+    pool: Pool,
+    renewal: Pool,
+    pub describe: String,
+    policy_checked: AtomicBool,
+}
+
+impl Server {
+    /// `connector` and `renewal_connector` open connections to the same server.
+    pub fn new(
+        connector: Connector,
+        renewal_connector: Connector,
+        pool_size: usize,
+        describe: String,
+    ) -> Self {
+        Server {
+            pool: Pool::new(connector, pool_size, pool_size),
+            renewal: Pool::new(renewal_connector, usize::MAX, RENEWAL_IDLE),
+            describe,
+            policy_checked: AtomicBool::new(false),
+        }
+    }
+
+    pub fn exec(&self, _key: &str, calls: &[Call], how: &Exec<'_>) -> Result<Option<Replies>> {
+        let (pool, lane) = match how.lane {
+            Lane::Caller(until) => (&self.pool, pool::Lane::Caller(until)),
+            Lane::Blocking => (&self.pool, pool::Lane::Blocking),
+            Lane::Urgent => (&self.pool, pool::Lane::Urgent),
+            Lane::Renewal => (&self.renewal, pool::Lane::Urgent),
+        };
+        let connect_by = how
+            .cutoff
+            .unwrap_or_else(|| Instant::now() + pool.connector.connect_timeout);
+        if !self.policy_checked.swap(true, Ordering::Relaxed) {
+            if let Ok(Some(mut probe)) = self.pool.checkout(pool::Lane::Urgent, connect_by) {
+                check_eviction_policy(probe.conn(), &self.describe, how);
+            }
+        }
+        let Some(mut pooled) = pool.checkout(lane, connect_by)? else {
+            return Ok(None);
+        };
+        run_calls(pooled.conn(), calls, how)
+            .map(Some)
+            .map_err(|e| e.context(&format!("talking to {}", pool.connector.addr)))
+    }
+
+    pub fn close_idle(&self) {
+        self.pool.close_idle();
+        self.renewal.close_idle();
+    }
+}
+
+/// Warns once when the server may evict lock keys: every `maxmemory-policy` but
+/// `noeviction` can delete a held lock under memory pressure (the `volatile-*` ones pick
+/// among keys with an expiry, which every lock key has). Skipped silently when `CONFIG` is
+/// not permitted (ACL, a managed service).
+pub(crate) fn check_eviction_policy(conn: &mut Connection, describe: &str, how: &Exec<'_>) {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("maxmemory-policy");
+    let probe = Exec {
+        lane: how.lane,
+        io: how.io,
+        cutoff: how.cutoff,
+        watch: &Watch::none(),
+    };
+    let Ok(replies) = run_calls(conn, &[Call::cmd(&cmd)], &probe) else {
+        return;
+    };
+    let Some(value) = replies.values.into_iter().next() else {
+        return;
+    };
+    if let Ok(pair) = reply::<Vec<String>>(value) {
+        if let Some(policy) = pair.get(1) {
+            if policy != "noeviction" {
+                log::warn!(
+                    "{describe} has maxmemory-policy {policy}: under memory pressure Redis may \
+                     evict a held lock's key and let a second holder in; a lock server needs \
+                     maxmemory-policy noeviction"
+                );
+            }
+        }
+    }
+}

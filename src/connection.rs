@@ -1,0 +1,583 @@
+//! One connection to one Redis server, owned end to end.
+//!
+//! The redis crate's sync connection cannot keep this library's promises: it waits the full
+//! timeout for each of its handshake replies (`CLIENT SETINFO` ×2, `AUTH`, `SELECT`), it
+//! surfaces an interrupted read (`EINTR`, which a socket with a timeout gets even under
+//! `SA_RESTART`) as a failure and then discards the next reply, and its reads cannot be
+//! woken to cancel a wait. So connections are ours: non-blocking sockets (socket2), TLS by
+//! rustls, and every wait a `poll(2)` against a deadline that is resumed with the time
+//! left when a signal interrupts it. The redis crate still packs the commands and parses
+//! the replies.
+//!
+//! Bounds: a connection is made (DNS, TCP, TLS, `AUTH`, `SELECT`) within one deadline; a
+//! request is written within its deadline; each reply is awaited until its deadline. Any
+//! failure after a request was written marks the connection broken (its stream is in an
+//! unknown state) and the error [`crate::Error::outcome_unknown`].
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use socket2::{SockAddr, Socket, Type};
+
+use crate::cancel::{self, Watch};
+use crate::error::{Error, ErrorKind, Result, ServerReply};
+use crate::process;
+use crate::tls::{self, TlsSetup};
+use crate::url::{Addr, Login, Tls};
+
+/// How to open connections to one server: its address, TLS and login.
+pub(crate) struct Connector {
+    pub addr: Addr,
+    tls: Arc<TlsSetup>,
+    login: Login,
+    pub connect_timeout: Duration,
+}
+
+impl Connector {
+    pub fn new(addr: Addr, tls: Arc<TlsSetup>, login: Login, connect_timeout: Duration) -> Self {
+        Connector {
+            addr,
+            tls,
+            login,
+            connect_timeout,
+        }
+    }
+
+    /// Connects, sets up TLS, logs in and selects the database, all before `deadline` (cut
+    /// to the connect timeout from now).
+    ///
+    /// Errors: [`ErrorKind::Timeout`] or [`ErrorKind::Connection`] when the server cannot
+    /// be reached in time, [`ErrorKind::Server`] when it refuses the login (WRONGPASS),
+    /// [`ErrorKind::InvalidArgument`] for an unusable TLS setup.
+    pub fn connect(&self, deadline: Instant) -> Result<Connection> {
+        let deadline = deadline.min(Instant::now() + self.connect_timeout);
+        self.open(deadline)
+            .map_err(|e| e.context(&format!("connecting to {}", self.addr)))
+    }
+
+    fn open(&self, deadline: Instant) -> Result<Connection> {
+        let socket = match &self.addr {
+            Addr::Tcp { host, port } => {
+                let mut last = None;
+                let mut socket = None;
+                for addr in resolve(host, *port, deadline)? {
+                    match connect_socket(&SockAddr::from(addr), deadline) {
+                        Ok(s) => {
+                            let _ = s.set_tcp_nodelay(true);
+                            socket = Some(s);
+                            break;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                match (socket, last) {
+                    (Some(s), _) => s,
+                    (None, Some(e)) => return Err(e),
+                    (None, None) => {
+                        return Err(Error::new(
+                            ErrorKind::Connection,
+                            format!("{host} resolves to no address"),
+                        ));
+                    }
+                }
+            }
+            Addr::Unix(path) => {
+                let addr = SockAddr::unix(path).map_err(|e| {
+                    Error::invalid(format!("bad socket path {}: {e}", path.display()))
+                })?;
+                connect_socket(&addr, deadline)?
+            }
+        };
+        let io = match (self.tls.mode(), &self.addr) {
+            (Tls::None, _) | (_, Addr::Unix(_)) => Io::Plain(socket),
+            (_, Addr::Tcp { host, .. }) => {
+                let tls =
+                    rustls::ClientConnection::new(self.tls.config()?, tls::server_name(host)?)
+                        .map_err(|e| Error::new(ErrorKind::Connection, format!("TLS: {e}")))?;
+                let mut io = Io::Tls(Box::new(TlsIo { socket, tls }));
+                io.handshake(deadline)?;
+                io
+            }
+        };
+        let mut conn = Connection {
+            io,
+            parser: redis::Parser::new(),
+            broken: false,
+            pending: 0,
+            process: process::generation(),
+        };
+        self.log_in(&mut conn, deadline)?;
+        Ok(conn)
+    }
+
+    /// `AUTH` and `SELECT` in one pipeline; nothing else is sent on connect.
+    fn log_in(&self, conn: &mut Connection, deadline: Instant) -> Result<()> {
+        let mut packed = Vec::new();
+        let mut replies = 0;
+        if let Some(password) = &self.login.password {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = &self.login.username {
+                auth.arg(user);
+            }
+            auth.arg(password).write_packed_command(&mut packed);
+            replies += 1;
+        } else if let Some(user) = &self.login.username {
+            // An ACL user without a password (`nopass`).
+            redis::cmd("AUTH")
+                .arg(user)
+                .arg("")
+                .write_packed_command(&mut packed);
+            replies += 1;
+        }
+        if self.login.db != 0 {
+            redis::cmd("SELECT")
+                .arg(self.login.db)
+                .write_packed_command(&mut packed);
+            replies += 1;
+        }
+        if replies == 0 {
+            return Ok(());
+        }
+        conn.send(&packed, replies, deadline)?;
+        for _ in 0..replies {
+            if let Value::ServerError(e) = conn.recv(deadline, &Watch::none())? {
+                return Err(server_error(&e));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Converts a server's error reply into an [`ErrorKind::Server`] error.
+pub(crate) fn server_error(e: &redis::ServerError) -> Error {
+    let text = match e.details() {
+        Some(details) => format!("{} {details}", e.code()),
+        None => e.code().to_owned(),
+    };
+    Error::new(ErrorKind::Server, text.clone()).with_source(ServerReply(text))
+}
+
+/// Resolves `host` within `deadline`. An IP address needs no lookup; a name is looked up on
+/// a helper thread, because `getaddrinfo(3)` has no timeout of its own.
+fn resolve(host: &str, port: u16, deadline: Instant) -> Result<Vec<SocketAddr>> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let name = host.to_owned();
+    std::thread::Builder::new()
+        .name("redlease-dns".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            let _ = tx.send((name.as_str(), port).to_socket_addrs().map(Vec::from_iter));
+        })
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Internal,
+                format!("cannot start a DNS thread: {e}"),
+            )
+        })?;
+    match rx.recv_deadline(deadline) {
+        Ok(Ok(addrs)) => Ok(addrs),
+        Ok(Err(e)) => Err(
+            Error::new(ErrorKind::Connection, format!("cannot resolve {host}: {e}")).with_source(e),
+        ),
+        Err(_) => Err(Error::new(
+            ErrorKind::Timeout,
+            format!("resolving {host} took longer than the connect timeout"),
+        )),
+    }
+}
+
+/// A non-blocking connect, waited for until `deadline`.
+fn connect_socket(addr: &SockAddr, deadline: Instant) -> Result<Socket> {
+    let domain = addr.domain();
+    let socket = Socket::new(domain, Type::STREAM, None).map_err(io_error("socket"))?;
+    socket.set_nonblocking(true).map_err(io_error("socket"))?;
+    match socket.connect(addr) {
+        Ok(()) => return Ok(socket),
+        Err(e)
+            if e.raw_os_error() == Some(libc::EINPROGRESS)
+                || e.kind() == io::ErrorKind::WouldBlock
+                || e.kind() == io::ErrorKind::Interrupted => {}
+        Err(e) => return Err(io_error("connect")(e)),
+    }
+    wait_ready(socket.as_raw_fd(), libc::POLLOUT, deadline, &Watch::none())
+        .map_err(|e| io_error("connect")(e))?;
+    match socket.take_error() {
+        Ok(None) => Ok(socket),
+        Ok(Some(e)) | Err(e) => Err(io_error("connect")(e)),
+    }
+}
+
+/// Turns an I/O error into ours: timeouts and cancellations keep their kind.
+fn io_error(doing: &'static str) -> impl Fn(io::Error) -> Error {
+    move |e| {
+        let kind = match e.kind() {
+            io::ErrorKind::TimedOut => ErrorKind::Timeout,
+            _ if is_cancelled(&e) => ErrorKind::Cancelled,
+            _ => ErrorKind::Connection,
+        };
+        let message = match kind {
+            ErrorKind::Timeout => format!("{doing}: no answer in time"),
+            ErrorKind::Cancelled => "the wait was cancelled".to_owned(),
+            _ => format!("{doing}: {e}"),
+        };
+        Error::new(kind, message).with_source(e)
+    }
+}
+
+/// The marker of an I/O wait ended by cancellation.
+#[derive(Debug)]
+struct CancelledWait;
+
+impl std::fmt::Display for CancelledWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("cancelled")
+    }
+}
+
+impl std::error::Error for CancelledWait {}
+
+fn is_cancelled(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<CancelledWait>())
+}
+
+/// Waits until `fd` is ready for `events` or `deadline` passes, resuming after signals.
+///
+/// With an active `watch` it also wakes on the cancel eventfd and at least every
+/// [`cancel::SLICE`], and fails with a cancellation when the watch says so.
+fn wait_ready(fd: RawFd, events: i16, deadline: Instant, watch: &Watch) -> io::Result<()> {
+    let wake_fd = if watch.is_active() {
+        cancel::wake_fd()
+    } else {
+        None
+    };
+    loop {
+        if watch.cancelled() {
+            return Err(io::Error::other(CancelledWait));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(io::Error::from(io::ErrorKind::TimedOut));
+        }
+        let mut left = deadline - now;
+        if watch.is_active() {
+            left = left.min(cancel::SLICE);
+        }
+        // Round up: a wait of 0 ms would spin until the deadline.
+        let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        let mut fds = [
+            libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake_fd.unwrap_or(-1),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let nfds = if wake_fd.is_some() { 2 } else { 1 };
+        // SAFETY: `fds` is a valid array of `nfds` pollfd structures that outlives the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), nfds, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                if watch.interrupted() {
+                    return Err(io::Error::other(CancelledWait));
+                }
+                continue;
+            }
+            return Err(e);
+        }
+        if fds[0].revents != 0 {
+            // Ready, or an error or hang-up that the next read or write reports.
+            return Ok(());
+        }
+        if fds[1].revents != 0 && !watch.cancelled() {
+            cancel::drain_wake_fd();
+        }
+        if rc == 0 && watch.interrupted() {
+            return Err(io::Error::other(CancelledWait));
+        }
+    }
+}
+
+/// The byte stream under a connection.
+enum Io {
+    Plain(Socket),
+    Tls(Box<TlsIo>),
+}
+
+struct TlsIo {
+    socket: Socket,
+    tls: rustls::ClientConnection,
+}
+
+impl Io {
+    fn fd(&self) -> RawFd {
+        match self {
+            Io::Plain(s) => s.as_raw_fd(),
+            Io::Tls(t) => t.socket.as_raw_fd(),
+        }
+    }
+
+    /// Reads what is there without blocking (`WouldBlock` when nothing is).
+    fn read_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Io::Plain(s) => (&*s).read(buf),
+            Io::Tls(t) => loop {
+                match t.tls.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+                match t.tls.read_tls(&mut &t.socket) {
+                    Ok(0) => return Ok(0),
+                    Ok(_) => {
+                        t.tls.process_new_packets().map_err(io::Error::other)?;
+                        if t.tls.wants_write() {
+                            let _ = t.tls.write_tls(&mut &t.socket);
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            },
+        }
+    }
+
+    /// Writes all of `data` before `deadline`.
+    fn write_all(&mut self, data: &[u8], deadline: Instant) -> io::Result<()> {
+        match self {
+            Io::Plain(s) => {
+                let mut written = 0;
+                while written < data.len() {
+                    match (&*s).write(&data[written..]) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(n) => written += n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            wait_ready(s.as_raw_fd(), libc::POLLOUT, deadline, &Watch::none())?
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+            Io::Tls(t) => {
+                t.tls.writer().write_all(data)?;
+                t.flush(deadline)
+            }
+        }
+    }
+
+    fn handshake(&mut self, deadline: Instant) -> Result<()> {
+        let Io::Tls(t) = self else { return Ok(()) };
+        while t.tls.is_handshaking() {
+            if t.tls.wants_write() {
+                t.flush(deadline).map_err(io_error("TLS handshake"))?;
+            } else if t.tls.wants_read() {
+                match t.tls.read_tls(&mut &t.socket) {
+                    Ok(0) => {
+                        return Err(Error::new(
+                            ErrorKind::Connection,
+                            "TLS handshake: the server closed the connection",
+                        ));
+                    }
+                    Ok(_) => {
+                        t.tls.process_new_packets().map_err(|e| {
+                            Error::new(ErrorKind::Connection, format!("TLS handshake: {e}"))
+                                .with_source(e)
+                        })?;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        wait_ready(t.socket.as_raw_fd(), libc::POLLIN, deadline, &Watch::none())
+                            .map_err(io_error("TLS handshake"))?
+                    }
+                    Err(e) => return Err(io_error("TLS handshake")(e)),
+                }
+            } else {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TlsIo {
+    fn flush(&mut self, deadline: Instant) -> io::Result<()> {
+        while self.tls.wants_write() {
+            match self.tls.write_tls(&mut &self.socket) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_ready(
+                    self.socket.as_raw_fd(),
+                    libc::POLLOUT,
+                    deadline,
+                    &Watch::none(),
+                )?,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One connection: requests go out whole, replies come back in order.
+pub(crate) struct Connection {
+    io: Io,
+    parser: redis::Parser,
+    /// An I/O error happened: the stream is in an unknown state and the connection must
+    /// not be reused.
+    broken: bool,
+    /// Replies sent for and not read yet; a connection is reusable only at 0.
+    pending: usize,
+    process: u64,
+}
+
+/// Reads from the connection for the parser, waiting until `deadline` and resuming after
+/// signals, so that the parser only ever sees data, end of stream, or a final error.
+struct DeadlineReader<'a> {
+    io: &'a mut Io,
+    deadline: Instant,
+    watch: &'a Watch,
+    /// Why the last read failed, when it was a timeout or a cancellation (the parser
+    /// wraps the I/O error and loses its kind).
+    ended: Option<ErrorKind>,
+}
+
+impl Read for DeadlineReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.io.read_now(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if let Err(e) =
+                        wait_ready(self.io.fd(), libc::POLLIN, self.deadline, self.watch)
+                    {
+                        self.ended = Some(if is_cancelled(&e) {
+                            ErrorKind::Cancelled
+                        } else if e.kind() == io::ErrorKind::TimedOut {
+                            ErrorKind::Timeout
+                        } else {
+                            ErrorKind::Connection
+                        });
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl Connection {
+    /// Writes a packed request of `replies` commands before `deadline`. On failure the
+    /// connection is broken and the error marked sent (some bytes may have gone out).
+    pub fn send(&mut self, packed: &[u8], replies: usize, deadline: Instant) -> Result<()> {
+        if self.broken || self.pending != 0 {
+            return Err(Error::new(
+                ErrorKind::Connection,
+                "the connection is out of step with its replies",
+            ));
+        }
+        self.broken = true;
+        self.io
+            .write_all(packed, deadline)
+            .map_err(|e| io_error("sending a request")(e).sent())?;
+        self.broken = false;
+        self.pending = replies;
+        Ok(())
+    }
+
+    /// Reads the next reply, waiting until `deadline` (or until `watch` cancels). A server
+    /// error reply is returned as `Value::ServerError`, not as an `Err`. Any failure breaks
+    /// the connection and is marked sent (the request may have run).
+    pub fn recv(&mut self, deadline: Instant, watch: &Watch) -> Result<Value> {
+        self.broken = true;
+        let mut reader = DeadlineReader {
+            io: &mut self.io,
+            deadline,
+            watch,
+            ended: None,
+        };
+        let parsed = self.parser.parse_value(&mut reader);
+        let ended = reader.ended;
+        let value = parsed.map_err(|e| {
+            let kind = ended.unwrap_or(ErrorKind::Connection);
+            let message = match kind {
+                ErrorKind::Timeout => "no reply in time".to_owned(),
+                ErrorKind::Cancelled => "the wait was cancelled".to_owned(),
+                _ if e.is_unrecoverable_error() || e.is_io_error() => {
+                    format!("the connection was lost: {e}")
+                }
+                _ => format!("unreadable reply: {e}"),
+            };
+            Error::new(kind, message).with_source(e).sent()
+        })?;
+        self.broken = false;
+        self.pending = self.pending.saturating_sub(1);
+        Ok(value)
+    }
+
+    /// Whether the connection can carry another request: not broken, in the process that
+    /// opened it, and (checked without blocking) not closed by the server and holding no
+    /// unread data.
+    pub fn is_usable(&mut self) -> bool {
+        if self.broken || self.pending != 0 || self.process != process::generation() {
+            return false;
+        }
+        let mut byte = [0u8; 1];
+        match &mut self.io {
+            Io::Plain(s) => {
+                // SAFETY: peeks at most one byte into a local buffer of our own socket.
+                let n = unsafe {
+                    libc::recv(
+                        s.as_raw_fd(),
+                        byte.as_mut_ptr().cast(),
+                        1,
+                        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                    )
+                };
+                n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
+            }
+            // TLS records may arrive unasked (session tickets): let rustls take them, then
+            // look for application data or an end of stream.
+            Io::Tls(_) => matches!(
+                self.io.read_now(&mut byte),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock
+            ),
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // A forked child closes only its copy of the descriptor (done by Socket's drop);
+        // it must not send a TLS close_notify on the parent's session.
+        if self.process == process::generation() {
+            if let Io::Tls(t) = &mut self.io {
+                t.tls.send_close_notify();
+                let _ = t.tls.write_tls(&mut &t.socket);
+            }
+        }
+    }
+}
+
+/// Sleeps for `duration`, resuming after signals; ends early with
+/// [`ErrorKind::Cancelled`] when `watch` cancels.
+pub(crate) fn pause(duration: Duration, watch: &Watch) -> Result<()> {
+    match wait_ready(-1, 0, Instant::now() + duration, watch) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::TimedOut => Ok(()),
+        Err(e) => Err(io_error("waiting")(e)),
+    }
+}
