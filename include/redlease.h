@@ -13,6 +13,12 @@
  *   most the client's timeouts (and the wait the caller asked for).
  * - Strings are NUL-terminated UTF-8 and are copied; the library keeps no pointer to
  *   caller memory except user_data.
+ * - Option structs begin with their own size: fill them with their _init function, which
+ *   sets it, then change fields. A later version may add fields at the end; a program
+ *   built against this header keeps working (the new fields take their defaults).
+ * - A signal never ends a call: an interrupted wait resumes with the time left. A blocked
+ *   acquire ends early only when cancelled on purpose (lock_cancel, lock_cancel_all, or
+ *   an on_interrupt callback that asks for it), with LOCK_CANCELLED and nothing held.
  * - After fork(), a child must not use locks acquired by its parent: they report
  *   LOCK_NOT_HELD and nothing is sent. Open a new client in the child.
  */
@@ -57,6 +63,12 @@
 #define LOCK_NOT_HELD 2
 
 /**
+ * Acquire: a blocked wait was cancelled on purpose (`lock_cancel`, `lock_cancel_all`, or an
+ * interrupt callback that asked for it); never by a stray signal. Nothing is held.
+ */
+#define LOCK_CANCELLED 3
+
+/**
  * A NULL pointer, an empty or over-long key, a ttl of 0, bad UTF-8, a bad URL or option.
  * Nothing was sent to Redis.
  */
@@ -83,23 +95,37 @@
 #define LOCK_ERR_INTERNAL -5
 
 /**
- * Client options. Fill with `lock_client_options_init`, then change what you need.
+ * Too few replicas acknowledged the write (`min_replicas`): the acquire was rolled back.
+ */
+#define LOCK_ERR_REPLICATION -6
+
+/**
+ * Client options. Fill with `lock_client_options_init` (which sets `size`), then change
+ * what you need. The struct may gain fields at its end in later versions: a program built
+ * against an older header passes its smaller `size`, and the new fields keep their
+ * defaults.
  */
 typedef struct lock_client_options_t {
   /**
-   * Longest time to connect (TCP, TLS, AUTH, SELECT), in ms. Default 2000.
+   * `sizeof(lock_client_options_t)` as the caller was compiled; set by the init function.
+   */
+  size_t size;
+  /**
+   * Longest time to connect (name lookup, TCP, TLS, AUTH, SELECT), in ms. 1 to 86400000.
+   * Default 2000.
    */
   uint64_t connect_timeout_ms;
   /**
-   * Longest wait for any one reply, in ms. Default 2000.
+   * Longest wait for any one reply, in ms. 1 to 86400000. Default 2000.
    */
   uint64_t io_timeout_ms;
   /**
-   * Connections shared by the calling threads (renewal has its own). Default 32.
+   * Connections the calling threads may use at once, and waiters that may block on the
+   * server at once; releases, extends and renewals never wait for one. Default 32.
    */
   uint32_t pool_size;
   /**
-   * Longest wait for a free pooled connection, in ms. Default 2000.
+   * Longest wait for a free pooled connection, in ms; 0 does not wait. Default 2000.
    */
   uint64_t pool_wait_ms;
   /**
@@ -136,9 +162,27 @@ typedef uint64_t lock_t;
 typedef void (*lock_lost_cb)(lock_t lock, int32_t reason, void *user_data);
 
 /**
- * Acquire options. Fill with `lock_acquire_options_init`, then change what you need.
+ * A cancel handle: cancels the blocked acquires it was given to (see `lock_cancel_new`).
+ * 0 means "none" in `lock_acquire_options_t`. Thread-safe.
+ */
+typedef uint64_t lock_cancel_t;
+
+/**
+ * Called on the acquiring thread when a signal interrupts a blocked `lock_acquire_opts`
+ * (and at least every 200 ms while it blocks). Return true to cancel the acquire
+ * (`LOCK_CANCELLED`), false to go on waiting. Must not call into this library.
+ */
+typedef bool (*lock_interrupt_cb)(void *user_data);
+
+/**
+ * Acquire options. Fill with `lock_acquire_options_init` (which sets `size`), then change
+ * what you need. May gain fields at its end, as `lock_client_options_t`.
  */
 typedef struct lock_acquire_options_t {
+  /**
+   * `sizeof(lock_acquire_options_t)` as the caller was compiled; set by the init function.
+   */
+  size_t size;
   /**
    * Renew the lease every ttl/3 from a renewal thread while held. Default true.
    */
@@ -151,6 +195,19 @@ typedef struct lock_acquire_options_t {
    * Passed to `on_lost` as is; must stay valid until the lock is released.
    */
   void *user_data;
+  /**
+   * A cancel handle whose `lock_cancel` ends this acquire's wait, or 0.
+   */
+  lock_cancel_t cancel;
+  /**
+   * Called when a signal interrupts the wait; see `lock_interrupt_cb`. NULL: an
+   * interrupted wait simply resumes.
+   */
+  lock_interrupt_cb on_interrupt;
+  /**
+   * Passed to `on_interrupt` as is.
+   */
+  void *interrupt_user_data;
 } lock_acquire_options_t;
 
 #ifdef __cplusplus
@@ -174,7 +231,9 @@ int32_t lock_client_open(const char *url, lock_client_t *out_client);
 
 /**
  * Opens a client with `opts` (see `lock_client_options_t`); otherwise as
- * `lock_client_open`. Zero timeouts or pool size give `LOCK_ERR_ARGUMENT`.
+ * `lock_client_open`. Timeouts under 1 ms, a pool size of 0, a `size` not set by
+ * `lock_client_options_init`, or a CA file that is not a readable regular file of at most
+ * 4 MiB give `LOCK_ERR_ARGUMENT`.
  */
 int32_t lock_client_open_opts(const char *url,
                               const struct lock_client_options_t *opts,
@@ -201,8 +260,12 @@ int32_t lock_acquire_options_init(struct lock_acquire_options_t *opts);
  * `wait_ms`: 0 tries once; `UINT64_MAX` waits as long as it takes; otherwise waits up to
  * that long. On `LOCK_OK`, `*out_lock` is a new handle to give back with `lock_release`.
  * Other results: `LOCK_BUSY` (still held by another owner when the wait ended),
- * `LOCK_ERR_ARGUMENT` (NULL, empty, over-long or non-UTF-8 key, ttl 0), `LOCK_ERR_HANDLE`,
- * `LOCK_ERR_CONNECTION`, `LOCK_ERR_REDIS`.
+ * `LOCK_CANCELLED` (see `lock_cancel_all`), `LOCK_ERR_ARGUMENT` (NULL, empty, over-long,
+ * reserved (`redlease:...`) or non-UTF-8 key, ttl under 10 ms), `LOCK_ERR_HANDLE`,
+ * `LOCK_ERR_CONNECTION` (also when a request's reply was lost: the lock is then not held
+ * by this caller, who tried to withdraw; at worst it lapses after its lease),
+ * `LOCK_ERR_REDIS`. Returns within `wait_ms` plus one request's bounds (connect and I/O
+ * timeouts, and 0.25 s for Redis to end a block).
  */
 int32_t lock_acquire(lock_client_t client,
                      const char *key,
@@ -211,7 +274,9 @@ int32_t lock_acquire(lock_client_t client,
                      lock_t *out_lock);
 
 /**
- * As `lock_acquire`, with `opts` (NULL for the defaults).
+ * As `lock_acquire`, with `opts` (NULL for the defaults): renewal on or off, a lost-lock
+ * callback, a cancel handle, an interrupt callback. `LOCK_ERR_HANDLE` for an unknown
+ * cancel handle.
  */
 int32_t lock_acquire_opts(lock_client_t client,
                           const char *key,
@@ -271,6 +336,39 @@ int32_t lock_remaining_ms(lock_t lock, uint64_t *out_ms);
  * Writes whether anyone holds the lock `key` right now (one `EXISTS`). Blocking.
  */
 int32_t lock_is_locked(lock_client_t client, const char *key, bool *out_locked);
+
+/**
+ * Makes a cancel handle for `lock_acquire_options_t.cancel`. Free it with
+ * `lock_cancel_free`. Errors: `LOCK_ERR_ARGUMENT` for NULL.
+ */
+int32_t lock_cancel_new(lock_cancel_t *out_cancel);
+
+/**
+ * Cancels: every `lock_acquire_opts` given this handle that is waiting, or starts to wait
+ * later, returns `LOCK_CANCELLED` promptly, holding nothing. Does not block. Not
+ * async-signal-safe (it looks the handle up under a mutex): from a signal handler use
+ * `lock_cancel_all`. Errors: `LOCK_ERR_HANDLE`.
+ */
+int32_t lock_cancel(lock_cancel_t cancel);
+
+/**
+ * Frees a cancel handle (acquires already using it keep working). Errors:
+ * `LOCK_ERR_HANDLE`.
+ */
+int32_t lock_cancel_free(lock_cancel_t cancel);
+
+/**
+ * For shutting down: makes every acquire of this process that waits (`wait_ms` > 0), in
+ * progress or started later, return `LOCK_CANCELLED` promptly, until
+ * `lock_cancel_reset`. Async-signal-safe: a SIGTERM handler may call it (it stores to an
+ * atomic and writes to an eventfd, nothing else). Always `LOCK_OK`.
+ */
+int32_t lock_cancel_all(void);
+
+/**
+ * Undoes `lock_cancel_all` for acquires started from now on. Always `LOCK_OK`.
+ */
+int32_t lock_cancel_reset(void);
 
 /**
  * This thread's message for its last call: empty after `LOCK_OK`. Never NULL; valid until

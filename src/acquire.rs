@@ -34,11 +34,13 @@ pub(crate) struct Acquire<'a> {
     pub watch: Watch,
 }
 
-/// A lock acquired: its fencing token, and when the request that set the key's expiry to
-/// the ttl was written (the conservative start of the lease).
+/// A lock acquired: its fencing token, the lease the key was given (the ttl, or less for a
+/// grant taken from a release), and when the request that set that lease was written (the
+/// conservative start of the lease).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Granted {
     pub fencing_token: u64,
+    pub lease: Duration,
     pub sent_at: Instant,
 }
 
@@ -67,7 +69,7 @@ impl Acquire<'_> {
             .backend
             .caller_lane(self.wait.deadline().filter(|_| self.wait != Wait::No));
         let mut pttl = match self.plain(first_mode, lane) {
-            Ok(Attempt::Granted(g)) => return self.settle(g),
+            Ok(Attempt::Granted(g)) => return Ok(g),
             Ok(Attempt::Busy(pttl)) => pttl,
             Err(e) => return Err(self.give_up(e, false)),
         };
@@ -83,7 +85,7 @@ impl Acquire<'_> {
             if left == Some(Duration::ZERO) {
                 // The wait ended between two blocks: one last attempt, which withdraws.
                 return match self.plain(scripts::MODE_LAST, self.backend.caller_lane(None)) {
-                    Ok(Attempt::Granted(g)) => self.settle(g),
+                    Ok(Attempt::Granted(g)) => Ok(g),
                     Ok(Attempt::Busy(_)) => Err(self.busy()),
                     Err(e) => Err(self.give_up(e, true)),
                 };
@@ -110,7 +112,7 @@ impl Acquire<'_> {
                 Err(e) => Err(e),
             };
             match outcome {
-                Ok(Attempt::Granted(g)) => return self.settle(g),
+                Ok(Attempt::Granted(g)) => return Ok(g),
                 Ok(Attempt::Busy(_)) if last => return Err(self.busy()),
                 Ok(Attempt::Busy(holder_pttl)) => pttl = holder_pttl,
                 Err(e) => return Err(self.give_up(e, true)),
@@ -179,13 +181,15 @@ impl Acquire<'_> {
         parse_attempt(values.next(), replies.sent_at).map(Some)
     }
 
-    /// A lock taken after a long block has a conservative deadline well short of its real
-    /// lease (the block's length short): extend it now, so the caller gets the lease it
-    /// asked for and renewal does not start late.
-    fn settle(&self, granted: Granted) -> Result<Granted> {
-        let remaining =
-            local_deadline(granted.sent_at, self.ttl).saturating_duration_since(Instant::now());
-        if remaining >= self.ttl * 2 / 3 {
+    /// Extends a lock that was acquired with less lease left than two thirds of its ttl: a
+    /// grant taken from a release is leased for the waiter's grace only, and a lock taken
+    /// after a long block has a conservative deadline well short of its real lease (the
+    /// block's length short). With renewal on (`renew`), renewal does it at once, off the
+    /// caller's path; a fixed lease must get the ttl its caller asked for.
+    pub fn settle(&self, granted: Granted, renew: bool) -> Result<Granted> {
+        let remaining = local_deadline(granted.sent_at, granted.lease)
+            .saturating_duration_since(Instant::now());
+        if remaining >= self.ttl * 2 / 3 || (renew && remaining >= granted.lease / 3) {
             return Ok(granted);
         }
         let call = Call::script(
@@ -202,7 +206,11 @@ impl Acquire<'_> {
                 Ok((backend::reply::<i64>(value)?, r.sent_at))
             });
         match result {
-            Ok((1, sent_at)) => Ok(Granted { sent_at, ..granted }),
+            Ok((1, sent_at)) => Ok(Granted {
+                sent_at,
+                lease: self.ttl,
+                ..granted
+            }),
             // The key changed hands at once (deleted by someone): nothing is held.
             Ok(_) => Err(Error::new(
                 ErrorKind::Busy,
@@ -248,15 +256,26 @@ fn cancelled() -> Error {
 
 /// Reads an `ACQUIRE` reply: `{1, fencing_token}` or `{0, pttl}`.
 fn parse_attempt(value: Option<Value>, sent_at: Instant) -> Result<Attempt> {
-    let (granted, number): (i64, i64) = backend::reply(value.unwrap_or(Value::Nil))?;
-    if granted == 1 {
-        let fencing_token = u64::try_from(number)
-            .map_err(|_| Error::new(ErrorKind::Server, format!("bad fencing token {number}")))?;
-        Ok(Attempt::Granted(Granted {
-            fencing_token,
-            sent_at,
-        }))
-    } else {
-        Ok(Attempt::Busy(number))
+    let reply: Vec<i64> = backend::reply(value.unwrap_or(Value::Nil))?;
+    match reply[..] {
+        [1, fence, lease_ms] => {
+            let fencing_token = u64::try_from(fence)
+                .map_err(|_| Error::new(ErrorKind::Server, format!("bad fencing token {fence}")))?;
+            let lease = u64::try_from(lease_ms)
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis)
+                .ok_or_else(|| Error::new(ErrorKind::Server, format!("bad lease {lease_ms}")))?;
+            Ok(Attempt::Granted(Granted {
+                fencing_token,
+                lease,
+                sent_at,
+            }))
+        }
+        [0, pttl] => Ok(Attempt::Busy(pttl)),
+        _ => Err(Error::new(
+            ErrorKind::Server,
+            format!("unexpected reply to the acquire script: {reply:?}"),
+        )),
     }
 }

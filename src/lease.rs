@@ -67,6 +67,8 @@ pub(crate) struct Lease {
 struct LeaseState {
     /// The ttl asked for last (by the acquire or an extend); renewal uses it.
     ttl: Duration,
+    /// The ttl the key was last set to (shorter than `ttl` for a grant just taken).
+    leased: Duration,
     /// The shortest ttl of an extend whose outcome is unknown (see the module docs).
     cap: Option<Duration>,
     /// When the request that last set the key's expiry was written.
@@ -79,8 +81,9 @@ struct LeaseState {
 }
 
 impl LeaseState {
-    fn effective_ttl(&self) -> Duration {
-        self.cap.map_or(self.ttl, |cap| cap.min(self.ttl))
+    /// The lease the deadline assumes: what the key was set to, never more than the cap.
+    fn effective_lease(&self) -> Duration {
+        self.cap.map_or(self.leased, |cap| cap.min(self.leased))
     }
 }
 
@@ -104,13 +107,16 @@ pub(crate) enum Extended {
 }
 
 impl Lease {
-    /// A lease whose key was set with `ttl` by a request written at `sent_at`.
+    /// A lease of `ttl` whose key was set to `leased` (at most `ttl`) by a request written
+    /// at `sent_at`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         backend: Arc<Backend>,
         keys: LockKeys,
         token: String,
         fencing_token: u64,
         ttl: Duration,
+        leased: Duration,
         sent_at: Instant,
         on_lost: Option<LostCallback>,
     ) -> Self {
@@ -123,9 +129,10 @@ impl Lease {
             on_lost,
             state: Mutex::new(LeaseState {
                 ttl,
+                leased,
                 cap: None,
                 start: sent_at,
-                deadline: local_deadline(sent_at, ttl),
+                deadline: local_deadline(sent_at, leased),
                 lost: None,
                 released: false,
                 subscribers: Vec::new(),
@@ -151,7 +158,8 @@ impl Lease {
 
     /// The ttl renewal uses: the last one asked for, never more than the cap.
     pub fn ttl(&self) -> Duration {
-        self.state().effective_ttl()
+        let s = self.state();
+        s.cap.map_or(s.ttl, |cap| cap.min(s.ttl))
     }
 
     pub fn deadline(&self) -> Instant {
@@ -161,7 +169,7 @@ impl Lease {
     /// When the next renewal is due: a third of the way into the current lease.
     pub fn next_renewal(&self) -> Instant {
         let s = self.state();
-        s.start + s.effective_ttl() / 3
+        s.start + s.effective_lease() / 3
     }
 
     pub fn lost(&self) -> Option<LostReason> {
@@ -284,8 +292,9 @@ impl Lease {
         match result {
             Ok((1, sent_at)) => {
                 s.ttl = ttl;
+                s.leased = ttl;
                 s.start = sent_at;
-                s.deadline = local_deadline(sent_at, s.effective_ttl());
+                s.deadline = local_deadline(sent_at, s.effective_lease());
                 Ok(Extended::Yes)
             }
             Ok(_) => Ok(Extended::NotHeld),

@@ -121,21 +121,23 @@ impl<'a> LockBuilder<'a> {
         if wait != Wait::No && watch.cancelled() {
             return Err(Error::new(ErrorKind::Cancelled, "the wait was cancelled"));
         }
-        let granted = Acquire {
+        let acquire = Acquire {
             backend: &inner.backend,
             keys: &keys,
             token: &token,
             ttl,
             wait,
             watch,
-        }
-        .run()?;
+        };
+        let granted = acquire.run()?;
+        let granted = acquire.settle(granted, self.renew)?;
         let lease = Lease::new(
             inner.backend.clone(),
             keys,
             token,
             granted.fencing_token,
             ttl,
+            granted.lease,
             granted.sent_at,
             self.on_lost,
         );

@@ -79,9 +79,16 @@ pub(crate) const MODE_LAST: u8 = 3;
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue, KEYS[5] grant
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fencing counter expiry ms, ARGV[4] mode
-///   (`MODE_*`), ARGV[5] how long a registration lives unrefreshed, ms
-/// - Returns `{1, fencing_token}` when acquired, `{0, pttl_ms}` when another owner holds it
-///   (`pttl_ms` is -1 for a key without expiry).
+///   (`MODE_*`), ARGV[5] the waiter's grace ms: how long its registration lives
+///   unrefreshed, and the longest lease a taken grant gets
+/// - Returns `{1, fencing_token, lease_ms}` when acquired (`lease_ms` is the ttl the key
+///   was set to), `{0, pttl_ms}` when another owner holds it (`pttl_ms` is -1 for a key
+///   without expiry).
+///
+/// A taken grant is leased for the shorter of the ttl and the grace, not for the ttl: if
+/// the waiter died right after its pipelined attempt ran, nobody would hear of the grant,
+/// and the lock must not stay blocked for a whole ttl. The waiter's renewal (or, for a
+/// fixed lease, an extend right after the acquire) lengthens it to the ttl.
 ///
 /// Also acquired: a key that already holds the same token (an attempt repeated after a lost
 /// reply; the lease restarts from this attempt), and a pending grant, by a waiter just back
@@ -94,26 +101,27 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
         r"
 local token = ARGV[1]
 local mode = tonumber(ARGV[4])
-local function granted()
+local function granted(lease)
   if mode ~= 0 then
     redis.call('ZREM', KEYS[4], token)
   end
-  return {1, next_fence(KEYS[2], ARGV[3])}
+  return {1, next_fence(KEYS[2], ARGV[3]), lease}
 end
 if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
-  return granted()
+  return granted(tonumber(ARGV[2]))
 end
 local holder = redis.call('GET', KEYS[1])
 if holder == token then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return granted()
+  return granted(tonumber(ARGV[2]))
 end
 if mode ~= 0 and holder and holder == redis.call('GET', KEYS[5]) then
   if mode >= 2 or (redis.call('ZSCORE', KEYS[4], token)
       and redis.call('LLEN', KEYS[3]) > 0) then
+    local lease = math.min(tonumber(ARGV[2]), tonumber(ARGV[5]))
     redis.call('DEL', KEYS[5], KEYS[3])
-    redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-    return granted()
+    redis.call('SET', KEYS[1], token, 'PX', lease)
+    return granted(lease)
   end
 end
 local pttl = redis.call('PTTL', KEYS[1])

@@ -535,7 +535,7 @@ mod tests {
     #[test]
     fn awkward_passwords_never_appear() {
         for pw in [
-            "Qx7-pa/ssword",
+            "Qx7-pa/zz9w0rd",
             "p#ss",
             "p?ss",
             "p@ss",

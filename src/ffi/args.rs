@@ -56,6 +56,48 @@ impl<T> Out<T> {
     }
 }
 
+/// Largest `size` an options struct may claim (a garbage value is refused, not trusted).
+const MAX_OPTIONS_SIZE: usize = 4096;
+
+/// Reads a caller's options struct whose first field is its own size in bytes (set by its
+/// `_init` function). A caller compiled against an older, smaller struct passes a smaller
+/// size: the fields past it keep `defaults`. A larger size (a newer header than this
+/// library) is refused.
+///
+/// # Safety
+/// `ptr` is NULL or points to at least `size` readable bytes starting with a `size_t`, and
+/// every field within `size` holds a valid value of its type.
+pub(crate) unsafe fn read_sized<T: Copy>(
+    ptr: *const T,
+    defaults: T,
+    what: &str,
+) -> Result<T, Failure> {
+    if ptr.is_null() {
+        return Err(Failure::argument(format!("{what} is NULL")));
+    }
+    // SAFETY: non-NULL, and every options struct begins with a size_t (caller's contract).
+    let size = unsafe { ptr.cast::<usize>().read_unaligned() };
+    let ours = std::mem::size_of::<T>();
+    if size < std::mem::size_of::<usize>() || size > MAX_OPTIONS_SIZE {
+        return Err(Failure::argument(format!(
+            "{what}->size is {size}: fill the struct with its _init function first"
+        )));
+    }
+    if size > ours {
+        return Err(Failure::argument(format!(
+            "{what}->size is {size}, larger than this library's {ours}: the program was built \
+             against a newer redlease.h than the library it runs with"
+        )));
+    }
+    let mut out = defaults;
+    // SAFETY: `size` bytes are readable at `ptr` (caller's contract), `size <= ours` bytes fit
+    // in `out`, and the two do not overlap (`out` is a local).
+    unsafe {
+        std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&raw mut out).cast::<u8>(), size);
+    }
+    Ok(out)
+}
+
 /// Copies `text` and a terminating NUL into `buf` of `buf_len` bytes.
 ///
 /// # Safety

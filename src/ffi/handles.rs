@@ -2,7 +2,8 @@
 //!
 //! A handle packs a kind tag, a generation and a slot index. Freeing a slot bumps its
 //! generation, so a stale, double-freed or forged handle is recognised and refused instead
-//! of reaching freed memory. 0 is never a valid handle.
+//! of reaching freed memory. A slot whose generation is used up is retired, never reused:
+//! no handle is ever issued twice in the life of a process. 0 is never a valid handle.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -16,6 +17,7 @@ const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
 pub(crate) enum Kind {
     Client = 0xC1,
     Lock = 0x10,
+    Cancel = 0xCA,
 }
 
 struct Slot<T> {
@@ -147,10 +149,14 @@ impl<T> HandleTable<T> {
         removed
     }
 
+    /// Frees a slot for reuse under its next generation, or retires it for good when its
+    /// generations are used up (wrapping would reissue a handle given out before).
     fn retire(t: &mut Table<T>, index: usize) {
         let slot = &mut t.slots[index];
-        slot.generation = (slot.generation % GENERATION_MASK) + 1;
-        t.free.push(index);
+        if slot.generation < GENERATION_MASK {
+            slot.generation += 1;
+            t.free.push(index);
+        }
     }
 }
 
@@ -177,5 +183,26 @@ mod tests {
         assert_ne!(a, b, "a reused slot gets a new generation");
         assert!(clients.get(a).is_none());
         assert_eq!(clients.get(b).as_deref(), Some(&"b"));
+    }
+
+    /// Safety item 4: a slot whose generations are used up is retired, so a released handle
+    /// never comes back to life (24-bit generations wrapped after 16.7 M reuses of a slot).
+    #[test]
+    fn a_handle_is_never_issued_twice() {
+        let locks: HandleTable<u32> = HandleTable::new(Kind::Lock);
+        let first = locks.insert(0);
+        assert!(locks.remove(first).is_some());
+        // Fast-forward the free slot to its last generations.
+        locks.lock().slots[0].generation = GENERATION_MASK - 1;
+        let mut seen = vec![first];
+        for i in 1..5 {
+            let handle = locks.insert(i);
+            assert!(!seen.contains(&handle), "handle {handle:#x} issued twice");
+            seen.push(handle);
+            assert!(locks.remove(handle).is_some());
+        }
+        let slots = locks.lock().slots.len();
+        assert!(slots >= 2, "the used-up slot was retired, a new one taken");
+        assert!(seen.iter().all(|h| locks.get(*h).is_none()));
     }
 }

@@ -15,14 +15,14 @@ use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::args::{Out, copy_out, opt_str_arg, str_arg};
+use self::args::{Out, copy_out, opt_str_arg, read_sized, str_arg};
 use self::handles::{HandleTable, Kind};
 use self::status::{Failure, boundary};
 pub use self::status::{
-    LOCK_BUSY, LOCK_ERR_ARGUMENT, LOCK_ERR_CONNECTION, LOCK_ERR_HANDLE, LOCK_ERR_INTERNAL,
-    LOCK_ERR_REDIS, LOCK_NOT_HELD, LOCK_OK,
+    LOCK_BUSY, LOCK_CANCELLED, LOCK_ERR_ARGUMENT, LOCK_ERR_CONNECTION, LOCK_ERR_HANDLE,
+    LOCK_ERR_INTERNAL, LOCK_ERR_REDIS, LOCK_ERR_REPLICATION, LOCK_NOT_HELD, LOCK_OK,
 };
-use crate::{Client, ClientOptions, LockGuard, LostReason};
+use crate::{CancelToken, Client, ClientOptions, LockGuard, LostReason};
 
 /// A client handle: one Redis server (URL) and its connections. 0 is never valid.
 /// Thread-safe: one client may be used by many threads at once.
@@ -31,6 +31,10 @@ pub type lock_client_t = u64;
 /// A lock handle: one held lock. 0 is never valid. May be used from any thread, also by
 /// several at once; after `lock_release` every call on it gives `LOCK_ERR_HANDLE`.
 pub type lock_t = u64;
+
+/// A cancel handle: cancels the blocked acquires it was given to (see `lock_cancel_new`).
+/// 0 means "none" in `lock_acquire_options_t`. Thread-safe.
+pub type lock_cancel_t = u64;
 
 /// `reason` of a lost-lock callback: the key no longer held the token (expired, deleted
 /// or taken by another owner).
@@ -44,16 +48,29 @@ pub const LOCK_LOST_UNREACHABLE: i32 = 2;
 pub type lock_lost_cb =
     Option<unsafe extern "C" fn(lock: lock_t, reason: i32, user_data: *mut c_void)>;
 
-/// Client options. Fill with `lock_client_options_init`, then change what you need.
+/// Called on the acquiring thread when a signal interrupts a blocked `lock_acquire_opts`
+/// (and at least every 200 ms while it blocks). Return true to cancel the acquire
+/// (`LOCK_CANCELLED`), false to go on waiting. Must not call into this library.
+pub type lock_interrupt_cb = Option<unsafe extern "C" fn(user_data: *mut c_void) -> bool>;
+
+/// Client options. Fill with `lock_client_options_init` (which sets `size`), then change
+/// what you need. The struct may gain fields at its end in later versions: a program built
+/// against an older header passes its smaller `size`, and the new fields keep their
+/// defaults.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct lock_client_options_t {
-    /// Longest time to connect (TCP, TLS, AUTH, SELECT), in ms. Default 2000.
+    /// `sizeof(lock_client_options_t)` as the caller was compiled; set by the init function.
+    pub size: usize,
+    /// Longest time to connect (name lookup, TCP, TLS, AUTH, SELECT), in ms. 1 to 86400000.
+    /// Default 2000.
     pub connect_timeout_ms: u64,
-    /// Longest wait for any one reply, in ms. Default 2000.
+    /// Longest wait for any one reply, in ms. 1 to 86400000. Default 2000.
     pub io_timeout_ms: u64,
-    /// Connections shared by the calling threads (renewal has its own). Default 32.
+    /// Connections the calling threads may use at once, and waiters that may block on the
+    /// server at once; releases, extends and renewals never wait for one. Default 32.
     pub pool_size: u32,
-    /// Longest wait for a free pooled connection, in ms. Default 2000.
+    /// Longest wait for a free pooled connection, in ms; 0 does not wait. Default 2000.
     pub pool_wait_ms: u64,
     /// Prefix put before every key (NUL-terminated UTF-8), or NULL for none. Copied.
     pub key_prefix: *const c_char,
@@ -63,15 +80,26 @@ pub struct lock_client_options_t {
     pub tls_ca_cert_file: *const c_char,
 }
 
-/// Acquire options. Fill with `lock_acquire_options_init`, then change what you need.
+/// Acquire options. Fill with `lock_acquire_options_init` (which sets `size`), then change
+/// what you need. May gain fields at its end, as `lock_client_options_t`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct lock_acquire_options_t {
+    /// `sizeof(lock_acquire_options_t)` as the caller was compiled; set by the init function.
+    pub size: usize,
     /// Renew the lease every ttl/3 from a renewal thread while held. Default true.
     pub renew: bool,
     /// Called once if the lock is lost (only renewal and extend detect a loss), or NULL.
     pub on_lost: lock_lost_cb,
     /// Passed to `on_lost` as is; must stay valid until the lock is released.
     pub user_data: *mut c_void,
+    /// A cancel handle whose `lock_cancel` ends this acquire's wait, or 0.
+    pub cancel: lock_cancel_t,
+    /// Called when a signal interrupts the wait; see `lock_interrupt_cb`. NULL: an
+    /// interrupted wait simply resumes.
+    pub on_interrupt: lock_interrupt_cb,
+    /// Passed to `on_interrupt` as is.
+    pub interrupt_user_data: *mut c_void,
 }
 
 struct LockEntry {
@@ -81,6 +109,7 @@ struct LockEntry {
 
 static CLIENTS: HandleTable<Client> = HandleTable::new(Kind::Client);
 static LOCKS: HandleTable<LockEntry> = HandleTable::new(Kind::Lock);
+static CANCELS: HandleTable<CancelToken> = HandleTable::new(Kind::Cancel);
 
 fn client(handle: lock_client_t) -> Result<Arc<Client>, Failure> {
     CLIENTS.get(handle).ok_or_else(|| Failure::handle("client"))
@@ -105,18 +134,35 @@ fn millis(ms: u64) -> Duration {
 pub unsafe extern "C" fn lock_client_options_init(opts: *mut lock_client_options_t) -> i32 {
     boundary(|| {
         let out = unsafe { Out::new(opts, "opts") }?;
-        let d = ClientOptions::default();
-        out.write(lock_client_options_t {
-            connect_timeout_ms: d.connect_timeout.as_millis() as u64,
-            io_timeout_ms: d.io_timeout.as_millis() as u64,
-            pool_size: d.pool_size as u32,
-            pool_wait_ms: d.pool_wait.as_millis() as u64,
-            key_prefix: std::ptr::null(),
-            owner_label: std::ptr::null(),
-            tls_ca_cert_file: std::ptr::null(),
-        });
+        out.write(default_client_options());
         Ok(())
     })
+}
+
+fn default_client_options() -> lock_client_options_t {
+    let d = ClientOptions::default();
+    lock_client_options_t {
+        size: std::mem::size_of::<lock_client_options_t>(),
+        connect_timeout_ms: d.connect_timeout.as_millis() as u64,
+        io_timeout_ms: d.io_timeout.as_millis() as u64,
+        pool_size: d.pool_size as u32,
+        pool_wait_ms: d.pool_wait.as_millis() as u64,
+        key_prefix: std::ptr::null(),
+        owner_label: std::ptr::null(),
+        tls_ca_cert_file: std::ptr::null(),
+    }
+}
+
+fn default_acquire_options() -> lock_acquire_options_t {
+    lock_acquire_options_t {
+        size: std::mem::size_of::<lock_acquire_options_t>(),
+        renew: true,
+        on_lost: None,
+        user_data: std::ptr::null_mut(),
+        cancel: 0,
+        on_interrupt: None,
+        interrupt_user_data: std::ptr::null_mut(),
+    }
 }
 
 /// Opens a client with default options; no connection is made yet.
@@ -150,7 +196,9 @@ unsafe fn open_client(
 }
 
 /// Opens a client with `opts` (see `lock_client_options_t`); otherwise as
-/// `lock_client_open`. Zero timeouts or pool size give `LOCK_ERR_ARGUMENT`.
+/// `lock_client_open`. Timeouts under 1 ms, a pool size of 0, a `size` not set by
+/// `lock_client_options_init`, or a CA file that is not a readable regular file of at most
+/// 4 MiB give `LOCK_ERR_ARGUMENT`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lock_client_open_opts(
     url: *const c_char,
@@ -158,7 +206,7 @@ pub unsafe extern "C" fn lock_client_open_opts(
     out_client: *mut lock_client_t,
 ) -> i32 {
     boundary(|| {
-        let opts = unsafe { opts.as_ref() }.ok_or_else(|| Failure::argument("opts is NULL"))?;
+        let opts = unsafe { read_sized(opts, default_client_options(), "opts") }?;
         let mut options = ClientOptions::default()
             .connect_timeout(millis(opts.connect_timeout_ms))
             .io_timeout(millis(opts.io_timeout_ms))
@@ -204,11 +252,7 @@ pub extern "C" fn lock_client_close(client: lock_client_t) -> i32 {
 pub unsafe extern "C" fn lock_acquire_options_init(opts: *mut lock_acquire_options_t) -> i32 {
     boundary(|| {
         let out = unsafe { Out::new(opts, "opts") }?;
-        out.write(lock_acquire_options_t {
-            renew: true,
-            on_lost: None,
-            user_data: std::ptr::null_mut(),
-        });
+        out.write(default_acquire_options());
         Ok(())
     })
 }
@@ -218,8 +262,12 @@ pub unsafe extern "C" fn lock_acquire_options_init(opts: *mut lock_acquire_optio
 /// `wait_ms`: 0 tries once; `UINT64_MAX` waits as long as it takes; otherwise waits up to
 /// that long. On `LOCK_OK`, `*out_lock` is a new handle to give back with `lock_release`.
 /// Other results: `LOCK_BUSY` (still held by another owner when the wait ended),
-/// `LOCK_ERR_ARGUMENT` (NULL, empty, over-long or non-UTF-8 key, ttl 0), `LOCK_ERR_HANDLE`,
-/// `LOCK_ERR_CONNECTION`, `LOCK_ERR_REDIS`.
+/// `LOCK_CANCELLED` (see `lock_cancel_all`), `LOCK_ERR_ARGUMENT` (NULL, empty, over-long,
+/// reserved (`redlease:...`) or non-UTF-8 key, ttl under 10 ms), `LOCK_ERR_HANDLE`,
+/// `LOCK_ERR_CONNECTION` (also when a request's reply was lost: the lock is then not held
+/// by this caller, who tried to withdraw; at worst it lapses after its lease),
+/// `LOCK_ERR_REDIS`. Returns within `wait_ms` plus one request's bounds (connect and I/O
+/// timeouts, and 0.25 s for Redis to end a block).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lock_acquire(
     client: lock_client_t,
@@ -231,7 +279,9 @@ pub unsafe extern "C" fn lock_acquire(
     unsafe { lock_acquire_opts(client, key, ttl_ms, wait_ms, std::ptr::null(), out_lock) }
 }
 
-/// As `lock_acquire`, with `opts` (NULL for the defaults).
+/// As `lock_acquire`, with `opts` (NULL for the defaults): renewal on or off, a lost-lock
+/// callback, a cancel handle, an interrupt callback. `LOCK_ERR_HANDLE` for an unknown
+/// cancel handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lock_acquire_opts(
     client: lock_client_t,
@@ -244,25 +294,43 @@ pub unsafe extern "C" fn lock_acquire_opts(
     boundary(|| {
         let key = unsafe { str_arg(key, "key") }?;
         let out = unsafe { Out::new(out_lock, "out_lock") }?;
-        let opts = unsafe { opts.as_ref() };
+        let opts = if opts.is_null() {
+            default_acquire_options()
+        } else {
+            unsafe { read_sized(opts, default_acquire_options(), "opts") }?
+        };
+        let cancel = match opts.cancel {
+            0 => None,
+            handle => Some(
+                CANCELS
+                    .get(handle)
+                    .ok_or_else(|| Failure::handle("cancel"))?,
+            ),
+        };
         let client_handle = client;
         let client = self::client(client)?;
         let handle = LOCKS.insert_with(|handle| -> Result<LockEntry, Failure> {
-            let mut builder = client.lock(key).ttl(millis(ttl_ms));
-            if let Some(opts) = opts {
-                builder = builder.renew(opts.renew);
-                if let Some(callback) = opts.on_lost {
-                    let user_data = UserData(opts.user_data);
-                    builder = builder.on_lost(move |reason| {
-                        let reason = match reason {
-                            LostReason::Unreachable => LOCK_LOST_UNREACHABLE,
-                            _ => LOCK_LOST_NOT_HELD,
-                        };
-                        // SAFETY: the caller promised a callable function and user_data
-                        // that stays valid while the lock is held.
-                        unsafe { callback(handle, reason, user_data.get()) }
-                    });
-                }
+            let mut builder = client.lock(key).ttl(millis(ttl_ms)).renew(opts.renew);
+            if let Some(callback) = opts.on_lost {
+                let user_data = UserData(opts.user_data);
+                builder = builder.on_lost(move |reason| {
+                    let reason = match reason {
+                        LostReason::Unreachable => LOCK_LOST_UNREACHABLE,
+                        _ => LOCK_LOST_NOT_HELD,
+                    };
+                    // SAFETY: the caller promised a callable function and user_data that
+                    // stays valid while the lock is held.
+                    unsafe { callback(handle, reason, user_data.get()) }
+                });
+            }
+            if let Some(cancel) = &cancel {
+                builder = builder.cancel_token(cancel);
+            }
+            if let Some(hook) = opts.on_interrupt {
+                let user_data = UserData(opts.interrupt_user_data);
+                // SAFETY: the caller promised a callable function; it runs on this thread,
+                // during this call.
+                builder = builder.on_interrupt(move || unsafe { hook(user_data.get()) });
             }
             let guard = match wait_ms {
                 0 => builder.try_acquire(),
@@ -388,6 +456,63 @@ pub unsafe extern "C" fn lock_is_locked(
         out.write(self::client(client)?.is_locked(key)?);
         Ok(())
     })
+}
+
+/// Makes a cancel handle for `lock_acquire_options_t.cancel`. Free it with
+/// `lock_cancel_free`. Errors: `LOCK_ERR_ARGUMENT` for NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lock_cancel_new(out_cancel: *mut lock_cancel_t) -> i32 {
+    boundary(|| {
+        let out = unsafe { Out::new(out_cancel, "out_cancel") }?;
+        out.write(CANCELS.insert(CancelToken::new()));
+        Ok(())
+    })
+}
+
+/// Cancels: every `lock_acquire_opts` given this handle that is waiting, or starts to wait
+/// later, returns `LOCK_CANCELLED` promptly, holding nothing. Does not block. Not
+/// async-signal-safe (it looks the handle up under a mutex): from a signal handler use
+/// `lock_cancel_all`. Errors: `LOCK_ERR_HANDLE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn lock_cancel(cancel: lock_cancel_t) -> i32 {
+    boundary(|| {
+        CANCELS
+            .get(cancel)
+            .ok_or_else(|| Failure::handle("cancel"))?
+            .cancel();
+        Ok(())
+    })
+}
+
+/// Frees a cancel handle (acquires already using it keep working). Errors:
+/// `LOCK_ERR_HANDLE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn lock_cancel_free(cancel: lock_cancel_t) -> i32 {
+    boundary(|| {
+        CANCELS
+            .remove(cancel)
+            .ok_or_else(|| Failure::handle("cancel"))?;
+        Ok(())
+    })
+}
+
+/// For shutting down: makes every acquire of this process that waits (`wait_ms` > 0), in
+/// progress or started later, return `LOCK_CANCELLED` promptly, until
+/// `lock_cancel_reset`. Async-signal-safe: a SIGTERM handler may call it (it stores to an
+/// atomic and writes to an eventfd, nothing else). Always `LOCK_OK`.
+#[unsafe(no_mangle)]
+pub extern "C" fn lock_cancel_all() -> i32 {
+    // No boundary: it cannot panic, and the boundary touches thread-local state, which is
+    // not async-signal-safe.
+    crate::cancel_all();
+    LOCK_OK
+}
+
+/// Undoes `lock_cancel_all` for acquires started from now on. Always `LOCK_OK`.
+#[unsafe(no_mangle)]
+pub extern "C" fn lock_cancel_reset() -> i32 {
+    crate::reset_cancel_all();
+    LOCK_OK
 }
 
 /// This thread's message for its last call: empty after `LOCK_OK`. Never NULL; valid until

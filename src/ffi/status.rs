@@ -13,6 +13,9 @@ pub const LOCK_BUSY: i32 = 1;
 /// Release or extend: the key no longer holds this lock's token (the lease ended or another
 /// owner took it; or the call came from a forked child).
 pub const LOCK_NOT_HELD: i32 = 2;
+/// Acquire: a blocked wait was cancelled on purpose (`lock_cancel`, `lock_cancel_all`, or an
+/// interrupt callback that asked for it); never by a stray signal. Nothing is held.
+pub const LOCK_CANCELLED: i32 = 3;
 /// A NULL pointer, an empty or over-long key, a ttl of 0, bad UTF-8, a bad URL or option.
 /// Nothing was sent to Redis.
 pub const LOCK_ERR_ARGUMENT: i32 = -1;
@@ -24,6 +27,8 @@ pub const LOCK_ERR_CONNECTION: i32 = -3;
 pub const LOCK_ERR_REDIS: i32 = -4;
 /// A bug: a Rust panic caught at the boundary, or the OS refused a thread.
 pub const LOCK_ERR_INTERNAL: i32 = -5;
+/// Too few replicas acknowledged the write (`min_replicas`): the acquire was rolled back.
+pub const LOCK_ERR_REPLICATION: i32 = -6;
 
 /// An error on its way to C: a status and a message.
 pub(crate) struct Failure {
@@ -56,8 +61,10 @@ impl From<Error> for Failure {
         let status = match e.kind() {
             ErrorKind::Busy => LOCK_BUSY,
             ErrorKind::NotHeld => LOCK_NOT_HELD,
+            ErrorKind::Cancelled => LOCK_CANCELLED,
             ErrorKind::Connection | ErrorKind::Timeout => LOCK_ERR_CONNECTION,
             ErrorKind::Server => LOCK_ERR_REDIS,
+            ErrorKind::Replication => LOCK_ERR_REPLICATION,
             ErrorKind::InvalidArgument => LOCK_ERR_ARGUMENT,
             _ => LOCK_ERR_INTERNAL,
         };
@@ -114,11 +121,13 @@ pub(crate) fn status_name(status: i32) -> &'static CStr {
         LOCK_OK => c"LOCK_OK",
         LOCK_BUSY => c"LOCK_BUSY",
         LOCK_NOT_HELD => c"LOCK_NOT_HELD",
+        LOCK_CANCELLED => c"LOCK_CANCELLED",
         LOCK_ERR_ARGUMENT => c"LOCK_ERR_ARGUMENT",
         LOCK_ERR_HANDLE => c"LOCK_ERR_HANDLE",
         LOCK_ERR_CONNECTION => c"LOCK_ERR_CONNECTION",
         LOCK_ERR_REDIS => c"LOCK_ERR_REDIS",
         LOCK_ERR_INTERNAL => c"LOCK_ERR_INTERNAL",
+        LOCK_ERR_REPLICATION => c"LOCK_ERR_REPLICATION",
         _ => c"LOCK_UNKNOWN_STATUS",
     }
 }
@@ -148,6 +157,8 @@ mod tests {
         let cases = [
             (ErrorKind::Busy, LOCK_BUSY),
             (ErrorKind::NotHeld, LOCK_NOT_HELD),
+            (ErrorKind::Cancelled, LOCK_CANCELLED),
+            (ErrorKind::Replication, LOCK_ERR_REPLICATION),
             (ErrorKind::Connection, LOCK_ERR_CONNECTION),
             (ErrorKind::Timeout, LOCK_ERR_CONNECTION),
             (ErrorKind::Server, LOCK_ERR_REDIS),
