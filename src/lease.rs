@@ -102,8 +102,9 @@ pub(crate) fn local_deadline(sent_at: Instant, ttl: Duration) -> Instant {
 pub(crate) enum Extended {
     /// The key held our token and has the new ttl.
     Yes,
-    /// The key no longer held our token.
-    NotHeld,
+    /// The lock is lost (now or before): the key no longer held our token, or the local
+    /// deadline had passed. The caller calls [`Lease::notify_lost`] after the gate.
+    Lost(LostReason),
 }
 
 impl Lease {
@@ -215,17 +216,44 @@ impl Lease {
         rx
     }
 
-    /// Records the loss once: runs the callback, then tells every subscriber.
+    /// Records a loss: under the gate, so that no extend is in flight and none starts and
+    /// succeeds after it; then tells the holder (outside the gate: the callback may
+    /// release). Does nothing once released.
     pub fn mark_lost(&self, reason: LostReason) {
-        let subscribers = {
-            let mut s = self.state();
-            if s.lost.is_some() || s.released {
-                return;
-            }
-            s.lost = Some(reason);
-            std::mem::take(&mut s.subscribers)
+        let decided = match self.gate() {
+            Some(_gate) => self.declare_lost(reason),
+            None => false,
         };
-        log::warn!("lock {:?} lost: {reason}", self.keys.lock);
+        if decided {
+            self.notify_lost();
+        }
+    }
+
+    /// Sets the loss; the caller holds the gate. `true` when this call decided it (the
+    /// caller then calls [`notify_lost`](Self::notify_lost) once it let go of the gate).
+    fn declare_lost(&self, reason: LostReason) -> bool {
+        let mut s = self.state();
+        if s.lost.is_some() || s.released {
+            return false;
+        }
+        s.lost = Some(reason);
+        true
+    }
+
+    /// Runs the lost-lock callback, then tells every subscriber. Call without the gate.
+    pub fn notify_lost(&self) {
+        let (reason, subscribers) = {
+            let mut s = self.state();
+            match s.lost {
+                Some(reason) => (reason, std::mem::take(&mut s.subscribers)),
+                None => return,
+            }
+        };
+        if subscribers.is_empty() && self.on_lost.is_none() {
+            log::warn!("lock {:?} lost: {reason}", self.keys.lock);
+        } else {
+            log::info!("lock {:?} lost: {reason}", self.keys.lock);
+        }
         if let Some(callback) = &self.on_lost {
             // A panicking callback must not take the renewal thread (reused for other
             // locks) down with it.
@@ -258,8 +286,8 @@ impl Lease {
     /// Sends the token-checked extend on `lane`; the caller holds the gate. Nothing runs
     /// past `cutoff`. On success the ttl, the lease start and the local deadline follow
     /// the new ttl; when the outcome is unknown the deadline and cap are lowered to what
-    /// the extend may have set. The caller records a loss ([`Extended::NotHeld`]), outside
-    /// the gate.
+    /// the extend may have set. A lock already lost, or whose local deadline has passed,
+    /// is not extended: a loss is final.
     pub fn extend_gated(
         &self,
         ttl: Duration,
@@ -267,6 +295,16 @@ impl Lease {
         cutoff: Option<Instant>,
     ) -> Result<Extended> {
         let ttl_ms = ttl_millis(ttl)?;
+        {
+            let lost = self.state().lost;
+            if let Some(reason) = lost {
+                return Ok(Extended::Lost(reason));
+            }
+            if Instant::now() >= self.deadline() {
+                self.declare_lost(LostReason::Unreachable);
+                return Ok(Extended::Lost(LostReason::Unreachable));
+            }
+        }
         let call = Call::script(
             &scripts::EXTEND,
             &[&self.keys.lock],
@@ -297,7 +335,11 @@ impl Lease {
                 s.deadline = local_deadline(sent_at, s.effective_lease());
                 Ok(Extended::Yes)
             }
-            Ok(_) => Ok(Extended::NotHeld),
+            Ok(_) => {
+                drop(s);
+                self.declare_lost(LostReason::NotHeld);
+                Ok(Extended::Lost(LostReason::NotHeld))
+            }
             Err(e) => {
                 if e.outcome_unknown() {
                     s.cap = Some(s.cap.map_or(ttl, |cap| cap.min(ttl)));

@@ -236,12 +236,6 @@ impl LockGuard {
             let Some(_gate) = self.lease.gate() else {
                 return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
             };
-            if let Some(reason) = self.lease.lost() {
-                return Err(Error::new(
-                    ErrorKind::NotHeld,
-                    format!("lock {:?} was lost: {reason}", self.lease.keys.lock),
-                ));
-            }
             self.lease.extend_gated(ttl, Lane::Urgent, None)?
         };
         match extended {
@@ -251,9 +245,12 @@ impl LockGuard {
                 }
                 Ok(())
             }
-            Extended::NotHeld => {
-                self.lease.mark_lost(LostReason::NotHeld);
-                Err(self.not_held())
+            Extended::Lost(reason) => {
+                self.lease.notify_lost();
+                Err(Error::new(
+                    ErrorKind::NotHeld,
+                    format!("lock {:?} was lost: {reason}", self.lease.keys.lock),
+                ))
             }
         }
     }

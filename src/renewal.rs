@@ -363,8 +363,8 @@ fn renew(lease: &Lease) -> Option<Instant> {
     };
     match renewed {
         Ok(Extended::Yes) => Some(lease.next_renewal()),
-        Ok(Extended::NotHeld) => {
-            lease.mark_lost(LostReason::NotHeld);
+        Ok(Extended::Lost(_)) => {
+            lease.notify_lost();
             None
         }
         Err(e) => {

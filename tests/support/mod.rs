@@ -271,3 +271,31 @@ pub fn waiters_giving_up(
         })
         .collect()
 }
+
+/// Runs `f` on a thread and returns its result, or panics when it has not finished within
+/// `limit`: a test that could hang (a join on a silent server) fails instead.
+pub fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(value) => value,
+        Err(_) => panic!("did not finish within {limit:?}"),
+    }
+}
+
+/// Installs a do-nothing handler for `signal` (with `SA_RESTART` when `restart`), so that
+/// the signal interrupts system calls instead of killing the process.
+pub fn install_noop_handler(signal: i32, restart: bool) {
+    extern "C" fn noop(_: i32) {}
+    // SAFETY: sigaction with a zeroed struct, an empty mask and a handler that does
+    // nothing (async-signal-safe).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = noop as *const () as usize;
+        action.sa_flags = if restart { libc::SA_RESTART } else { 0 };
+        libc::sigemptyset(&mut action.sa_mask);
+        assert_eq!(libc::sigaction(signal, &action, std::ptr::null_mut()), 0);
+    }
+}
