@@ -233,7 +233,7 @@ impl Acquire<'_> {
     fn give_up(&self, error: Error, registered: bool) -> Error {
         if error.outcome_unknown() || registered {
             let cutoff = Some(Instant::now() + self.backend.io_timeout);
-            match release_token(self.backend, self.keys, self.token, cutoff) {
+            match release_token(self.backend, self.keys, self.token, cutoff, true) {
                 Ok(true) => log::debug!(
                     "withdrawing from {:?} undid a grant never heard of",
                     self.keys.lock

@@ -455,26 +455,31 @@ struct DeadlineReader<'a> {
 
 impl Read for DeadlineReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // A plain socket is polled first: the parser asks for bytes only when it has none
+        // left, which right after a request means the reply is still on its way (a read
+        // first would fail with EAGAIN and cost a system call). TLS may hold decrypted bytes
+        // that poll cannot see, so it reads first.
+        let mut ready = matches!(self.io, Io::Tls(_));
         loop {
-            match self.io.read_now(buf) {
-                Ok(n) => return Ok(n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if let Err(e) =
-                        wait_ready(self.io.fd(), libc::POLLIN, self.deadline, self.watch)
-                    {
-                        self.ended = Some(if is_cancelled(&e) {
-                            ErrorKind::Cancelled
-                        } else if e.kind() == io::ErrorKind::TimedOut {
-                            ErrorKind::Timeout
-                        } else {
-                            ErrorKind::Connection
-                        });
-                        return Err(e);
-                    }
+            if ready {
+                match self.io.read_now(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
+            if let Err(e) = wait_ready(self.io.fd(), libc::POLLIN, self.deadline, self.watch) {
+                self.ended = Some(if is_cancelled(&e) {
+                    ErrorKind::Cancelled
+                } else if e.kind() == io::ErrorKind::TimedOut {
+                    ErrorKind::Timeout
+                } else {
+                    ErrorKind::Connection
+                });
+                return Err(e);
+            }
+            ready = true;
         }
     }
 }

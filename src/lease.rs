@@ -354,25 +354,26 @@ impl Lease {
     /// one) on the urgent lane, which never waits for a pooled connection.
     /// `Ok(false)`: the key no longer held the token.
     pub fn release_on_server(&self) -> Result<bool> {
-        release_token(&self.backend, &self.keys, &self.token, None)
+        release_token(&self.backend, &self.keys, &self.token, None, false)
     }
 }
 
-/// Runs the release script for `token`: the release of a held lock, or the withdrawal of
-/// a waiter that gives up (which also undoes a grant it may have taken unawares).
-/// `Ok(true)` when the key held `token` and no longer does.
+/// Runs the release script for `token`: the release of a held lock, or (`withdraw`) the
+/// withdrawal of a waiter that gives up, which also undoes a grant it may have taken
+/// unawares. `Ok(true)` when the key held `token` and no longer does.
 pub(crate) fn release_token(
     backend: &Backend,
     keys: &LockKeys,
     token: &str,
     cutoff: Option<Instant>,
+    withdraw: bool,
 ) -> Result<bool> {
     let handoff = token::new_token("handoff");
     let max_claim = waiting::grace(backend.io_timeout).as_millis() as u64;
     let call = Call::script(
         &scripts::RELEASE,
         &[&keys.lock, &keys.wake, &keys.queue, &keys.grant],
-        &[&token, &handoff, &scripts::MIN_CLAIM_MS, &max_claim],
+        &[&token, &handoff, &scripts::MIN_CLAIM_MS, &max_claim, &u8::from(withdraw)],
     );
     let how = Exec {
         cutoff,

@@ -58,6 +58,10 @@ local function next_fence(key, expiry_ms)
   end
   return fence
 end
+";
+
+/// `now_ms()`: the server's clock in milliseconds, for registrations' expiry.
+const NOW_MS: &str = r"
 local function now_ms()
   local now = redis.call('TIME')
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -97,7 +101,7 @@ pub(crate) const MODE_LAST: u8 = 3;
 /// takes a grant: it would jump the queue.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NEXT_FENCE}{}",
+        "{NEXT_FENCE}{NOW_MS}{}",
         r"
 local token = ARGV[1]
 local mode = tonumber(ARGV[4])
@@ -107,6 +111,19 @@ local function granted(lease)
   end
   return {1, next_fence(KEYS[2], ARGV[3]), lease}
 end
+local function take_grant()
+  local lease = math.min(tonumber(ARGV[2]), tonumber(ARGV[5]))
+  redis.call('DEL', KEYS[5], KEYS[3])
+  redis.call('SET', KEYS[1], token, 'PX', lease)
+  return granted(lease)
+end
+if mode >= 2 then
+  -- Back from a block: most likely for a grant (checked first, it is the hot path).
+  local grant = redis.call('GET', KEYS[5])
+  if grant and grant == redis.call('GET', KEYS[1]) then
+    return take_grant()
+  end
+end
 if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
   return granted(tonumber(ARGV[2]))
 end
@@ -115,14 +132,9 @@ if holder == token then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return granted(tonumber(ARGV[2]))
 end
-if mode ~= 0 and holder and holder == redis.call('GET', KEYS[5]) then
-  if mode >= 2 or (redis.call('ZSCORE', KEYS[4], token)
-      and redis.call('LLEN', KEYS[3]) > 0) then
-    local lease = math.min(tonumber(ARGV[2]), tonumber(ARGV[5]))
-    redis.call('DEL', KEYS[5], KEYS[3])
-    redis.call('SET', KEYS[1], token, 'PX', lease)
-    return granted(lease)
-  end
+if mode == 1 and holder == redis.call('GET', KEYS[5])
+    and redis.call('ZSCORE', KEYS[4], token) and redis.call('LLEN', KEYS[3]) > 0 then
+  return take_grant()
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if mode == 0 then
@@ -132,10 +144,8 @@ if mode == 3 then
   redis.call('ZREM', KEYS[4], token)
   return {0, pttl}
 end
-local now = now_ms()
 local lives = tonumber(ARGV[5])
-redis.call('ZADD', KEYS[4], now + lives, token)
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+redis.call('ZADD', KEYS[4], now_ms() + lives, token)
 if redis.call('PTTL', KEYS[4]) < lives then
   redis.call('PEXPIRE', KEYS[4], lives)
 end
@@ -146,13 +156,15 @@ return {0, pttl}
 
 /// Release: only while the lock holds our token. Without a live registered waiter the key
 /// is deleted; with one, the lock is granted to the first waiter to take it (see the module
-/// documentation). Also withdraws the caller's own registration, so a waiter that gives up
-/// runs it with its own token to undo a grant it may have taken without hearing of it.
+/// documentation). Registrations that lapsed are pruned. A waiter that gives up runs it
+/// with its own token and ARGV[5] = 1 (withdraw): that also removes its registration and
+/// undoes a grant it may have taken without hearing of it.
 ///
 /// - KEYS[1] lock, KEYS[2] wake list, KEYS[3] queue, KEYS[4] grant
 /// - ARGV[1] token, ARGV[2] fresh handoff token, ARGV[3] shortest claim lease ms, ARGV[4]
-///   longest claim lease ms (the releaser's grace). Between the two, a grant lives as long
-///   as the registration of the last waiter to refresh it.
+///   longest claim lease ms (the releaser's grace), ARGV[5] 1 to withdraw a waiter. Between
+///   the two leases, a grant lives as long as the registration of the last waiter to
+///   refresh it.
 /// - Returns 1 when released, 2 when granted to a waiter, 0 when the key no longer held the
 ///   token.
 ///
@@ -161,35 +173,44 @@ return {0, pttl}
 /// and the waiters find the lock free at their next attempt.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NEXT_FENCE}{}",
+        "{NOW_MS}{}",
         r"
-redis.call('ZREM', KEYS[3], ARGV[1])
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-if last[2] then
-  local claim = math.min(math.max(tonumber(last[2]) - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
-  local set = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', claim)
-  local pushed = type(set) ~= 'table' or not set.err
-  if pushed then
-    redis.call('DEL', KEYS[2])
-    for _, r in ipairs({
-      redis.pcall('SET', KEYS[4], ARGV[2], 'PX', claim),
-      redis.pcall('RPUSH', KEYS[2], ARGV[2]),
-    }) do
-      if type(r) == 'table' and r.err then
-        pushed = false
+local held = redis.call('GET', KEYS[1]) == ARGV[1]
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  if not held then
+    return 0
+  end
+else
+  if ARGV[5] == '1' then
+    redis.call('ZREM', KEYS[3], ARGV[1])
+  end
+  if not held then
+    return 0
+  end
+  local now = now_ms()
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+  if last[2] then
+    local claim = math.min(math.max(tonumber(last[2]) - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
+    local set = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', claim)
+    local pushed = type(set) ~= 'table' or not set.err
+    if pushed then
+      redis.call('DEL', KEYS[2])
+      for _, r in ipairs({
+        redis.pcall('SET', KEYS[4], ARGV[2], 'PX', claim),
+        redis.pcall('RPUSH', KEYS[2], ARGV[2]),
+      }) do
+        if type(r) == 'table' and r.err then
+          pushed = false
+        end
       end
     end
+    if pushed then
+      redis.call('PEXPIRE', KEYS[2], claim)
+      return 2
+    end
+    redis.call('DEL', KEYS[2], KEYS[4])
   end
-  if pushed then
-    redis.call('PEXPIRE', KEYS[2], claim)
-    return 2
-  end
-  redis.call('DEL', KEYS[2], KEYS[4])
 end
 redis.call('DEL', KEYS[1])
 return 1
