@@ -69,7 +69,8 @@
 #define LOCK_CANCELLED 3
 
 /**
- * A NULL pointer, an empty or over-long key, a ttl of 0, bad UTF-8, a bad URL or option.
+ * A NULL pointer, an empty, over-long or reserved key, a ttl under 10 ms, bad UTF-8, a bad
+ * URL or option.
  * Nothing was sent to Redis.
  */
 #define LOCK_ERR_ARGUMENT -1
@@ -168,8 +169,10 @@ typedef void (*lock_lost_cb)(lock_t lock, int32_t reason, void *user_data);
 typedef uint64_t lock_cancel_t;
 
 /**
- * Called on the acquiring thread when a signal interrupts a blocked `lock_acquire_opts`
- * (and at least every 200 ms while it blocks). Return true to cancel the acquire
+ * Called on the acquiring thread while a `lock_acquire_opts` blocks: when a signal
+ * interrupts the wait, and also every 200 ms (a signal that arrives between two waits is
+ * seen at the next check), with no argument saying which. So it should look at a flag of
+ * its own (set by your signal handler) and return true to cancel the acquire
  * (`LOCK_CANCELLED`), false to go on waiting. Must not call into this library.
  */
 typedef bool (*lock_interrupt_cb)(void *user_data);
@@ -231,9 +234,9 @@ int32_t lock_client_open(const char *url, lock_client_t *out_client);
 
 /**
  * Opens a client with `opts` (see `lock_client_options_t`); otherwise as
- * `lock_client_open`. Timeouts under 1 ms, a pool size of 0, a `size` not set by
- * `lock_client_options_init`, or a CA file that is not a readable regular file of at most
- * 4 MiB give `LOCK_ERR_ARGUMENT`.
+ * `lock_client_open`. Timeouts under 1 ms, a pool size of 0, a `size` that is not the size
+ * of any version of the struct (fill it with `lock_client_options_init`), or a CA file
+ * that is not a readable regular file of at most 4 MiB give `LOCK_ERR_ARGUMENT`.
  */
 int32_t lock_client_open_opts(const char *url,
                               const struct lock_client_options_t *opts,
@@ -296,9 +299,11 @@ int32_t lock_acquire_opts(lock_client_t client,
 int32_t lock_release(lock_t lock);
 
 /**
- * Sets the lease to `ttl_ms` from now if the key still holds the token. Blocking (one round
- * trip). Results: `LOCK_OK`, `LOCK_NOT_HELD` (the lock was lost), `LOCK_ERR_ARGUMENT`
- * (ttl 0), `LOCK_ERR_HANDLE`, `LOCK_ERR_CONNECTION`, `LOCK_ERR_REDIS`.
+ * Sets the lease to `ttl_ms` from now if the key still holds the token. Blocking: waits
+ * for a renewal in flight, then one round trip. Results: `LOCK_OK`, `LOCK_NOT_HELD` (the
+ * lock was lost, now or before: a loss is final), `LOCK_ERR_ARGUMENT` (ttl under 10 ms),
+ * `LOCK_ERR_HANDLE`, `LOCK_ERR_CONNECTION` (the extend may or may not have happened; the
+ * lock then assumes the shorter of the two ttls), `LOCK_ERR_REDIS`.
  */
 int32_t lock_extend(lock_t lock, uint64_t ttl_ms);
 
@@ -344,10 +349,11 @@ int32_t lock_is_locked(lock_client_t client, const char *key, bool *out_locked);
 int32_t lock_cancel_new(lock_cancel_t *out_cancel);
 
 /**
- * Cancels: every `lock_acquire_opts` given this handle that is waiting, or starts to wait
- * later, returns `LOCK_CANCELLED` promptly, holding nothing. Does not block. Not
- * async-signal-safe (it looks the handle up under a mutex): from a signal handler use
- * `lock_cancel_all`. Errors: `LOCK_ERR_HANDLE`.
+ * Cancels: every `lock_acquire_opts` given this handle that is waiting returns
+ * `LOCK_CANCELLED` promptly, holding nothing; one given it later with `wait_ms` > 0 returns
+ * `LOCK_CANCELLED` at once, without trying (a try-once acquire ignores it). Does not
+ * block. Not async-signal-safe (it looks the handle up under a mutex): from a signal
+ * handler use `lock_cancel_all`. Errors: `LOCK_ERR_HANDLE`.
  */
 int32_t lock_cancel(lock_cancel_t cancel);
 
@@ -361,7 +367,7 @@ int32_t lock_cancel_free(lock_cancel_t cancel);
  * For shutting down: makes every acquire of this process that waits (`wait_ms` > 0), in
  * progress or started later, return `LOCK_CANCELLED` promptly, until
  * `lock_cancel_reset`. Async-signal-safe: a SIGTERM handler may call it (it stores to an
- * atomic and writes to an eventfd, nothing else). Always `LOCK_OK`.
+ * atomic and writes to an eventfd, nothing else; `errno` is preserved). Always `LOCK_OK`.
  */
 int32_t lock_cancel_all(void);
 

@@ -4,13 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{self, Backend, Call, Server};
-use crate::connection::Connector;
+use crate::backend::node::NodeFactory;
+use crate::backend::{self, Backend, Call};
 use crate::error::{Error, Result};
 use crate::keys::{LockKeys, MAX_KEY_LEN, RESERVED_PREFIX};
 use crate::lock::LockBuilder;
 use crate::tls::TlsSetup;
-use crate::url::{self, Topology};
+use crate::url;
 
 /// How a [`Client`] connects. Build it with [`ClientOptions::default`] and the setters.
 #[derive(Clone)]
@@ -180,34 +180,13 @@ impl Client {
         options.validate()?;
         let target = url::parse(url)?;
         let tls = Arc::new(TlsSetup::new(target.tls, options.tls_ca_cert.clone())?);
-        let backend = match &target.topology {
-            Topology::Single(addr) => {
-                let connector = || {
-                    Connector::new(
-                        addr.clone(),
-                        tls.clone(),
-                        target.login.clone(),
-                        options.connect_timeout,
-                    )
-                };
-                Backend::single(
-                    Server::new(
-                        connector(),
-                        connector(),
-                        options.pool_size,
-                        target.describe.clone(),
-                    ),
-                    options.io_timeout,
-                    options.pool_wait,
-                )
-            }
-            Topology::Cluster(_) | Topology::Sentinel { .. } => {
-                return Err(Error::invalid(format!(
-                    "bad Redis URL {}: Cluster and Sentinel URLs are not supported yet",
-                    target.describe
-                )));
-            }
+        let factory = NodeFactory {
+            tls,
+            login: target.login.clone(),
+            connect_timeout: options.connect_timeout,
+            pool_size: options.pool_size,
         };
+        let backend = Backend::open(&target, factory, options.io_timeout, options.pool_wait);
         let owner_label = options
             .owner_label
             .clone()

@@ -373,7 +373,13 @@ pub(crate) fn release_token(
     let call = Call::script(
         &scripts::RELEASE,
         &[&keys.lock, &keys.wake, &keys.queue, &keys.grant],
-        &[&token, &handoff, &scripts::MIN_CLAIM_MS, &max_claim, &u8::from(withdraw)],
+        &[
+            &token,
+            &handoff,
+            &scripts::MIN_CLAIM_MS,
+            &max_claim,
+            &u8::from(withdraw),
+        ],
     );
     let how = Exec {
         cutoff,

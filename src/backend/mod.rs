@@ -19,8 +19,11 @@
 //!   connecting by the connect timeout, each reply by the I/O timeout (plus the blocking
 //!   time of a blocking call), and all of it by the optional cutoff.
 
-pub(crate) mod single;
+pub(crate) mod cluster;
+pub(crate) mod node;
+pub(crate) mod sentinel;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -29,14 +32,18 @@ use crate::cancel::Watch;
 use crate::connection::{Connection, server_error};
 use crate::error::{Error, ErrorKind, Result};
 use crate::scripts::Lua;
+use crate::url::{Addr, Target, Topology};
 
-pub(crate) use self::single::Server;
+use self::cluster::Cluster;
+use self::node::{Node, NodeFactory};
+use self::sentinel::Sentinel;
 
 /// How late Redis may end a blocking command past its timeout: it checks blocked clients'
 /// timeouts when its event loop wakes, at least every 1/hz s (100 ms at the default `hz 10`).
 pub(crate) const BLOCK_LATENESS: Duration = Duration::from_millis(250);
 
 /// One command of a request, packed once.
+#[derive(Clone)]
 pub(crate) struct Call {
     packed: Vec<u8>,
     /// The script and its keys and arguments, to resend as `EVAL` after `NOSCRIPT`.
@@ -152,32 +159,72 @@ pub(crate) struct Replies {
 
 /// The deployment a client talks to, and the timeouts every request keeps.
 pub(crate) struct Backend {
-    nodes: Nodes,
+    deployment: Deployment,
     /// Longest wait for one reply.
     pub io_timeout: Duration,
     /// Longest wait for a pooled connection on the caller lane.
     pub pool_wait: Duration,
+    /// Longest time to connect.
+    pub connect_timeout: Duration,
+    describe: String,
 }
 
-enum Nodes {
-    Single(Server),
+enum Deployment {
+    Single(Arc<Node>),
+    Sentinel(Sentinel),
+    Cluster(Cluster),
 }
 
 impl Backend {
-    pub fn single(server: Server, io_timeout: Duration, pool_wait: Duration) -> Self {
+    /// The backend for `target`; no connection is made yet.
+    pub fn open(
+        target: &Target,
+        factory: NodeFactory,
+        io_timeout: Duration,
+        pool_wait: Duration,
+    ) -> Backend {
+        let connect_timeout = factory.connect_timeout;
+        let deployment = match &target.topology {
+            Topology::Single(addr) => Deployment::Single(factory.node(addr)),
+            Topology::Sentinel {
+                sentinels,
+                master,
+                sentinel_login,
+            } => Deployment::Sentinel(Sentinel::new(
+                factory,
+                sentinels.clone(),
+                master.clone(),
+                sentinel_login.clone(),
+                io_timeout,
+            )),
+            Topology::Cluster(seeds) => {
+                Deployment::Cluster(Cluster::new(factory, seeds.clone(), io_timeout))
+            }
+        };
         Backend {
-            nodes: Nodes::Single(server),
+            deployment,
             io_timeout,
             pool_wait,
+            connect_timeout,
+            describe: target.describe.clone(),
         }
     }
 
-    /// Runs `calls` on the server that owns `key`. `Ok(None)` only on [`Lane::Blocking`]
-    /// when no blocking connection is free.
+    /// Runs `calls` on the server that owns `key` (any server for an empty key).
+    /// `Ok(None)` only on [`Lane::Blocking`] when no blocking connection is free.
     pub fn exec(&self, key: &str, calls: &[Call], how: &Exec<'_>) -> Result<Option<Replies>> {
-        match &self.nodes {
-            Nodes::Single(server) => server.exec(key, calls, how),
+        match &self.deployment {
+            Deployment::Single(node) => node.exec(calls, how),
+            Deployment::Sentinel(sentinel) => sentinel.exec(calls, how, self.retry_deadline(how)),
+            Deployment::Cluster(cluster) => cluster.exec(key, calls, how, self.retry_deadline(how)),
         }
+    }
+
+    /// Until when a request refused without running (a failover, a moved slot) may be
+    /// tried again: its cutoff, or one connect and one reply from now.
+    fn retry_deadline(&self, how: &Exec<'_>) -> Instant {
+        how.cutoff
+            .unwrap_or_else(|| Instant::now() + self.connect_timeout + self.io_timeout)
     }
 
     /// As [`exec`](Self::exec) on a lane that always gets a connection.
@@ -192,16 +239,16 @@ impl Backend {
 
     /// The URL with its password hidden.
     pub fn describe(&self) -> &str {
-        match &self.nodes {
-            Nodes::Single(server) => &server.describe,
-        }
+        &self.describe
     }
 
     /// Closes idle connections (the client is closing; connections in use close when
     /// their requests end).
     pub fn close_idle(&self) {
-        match &self.nodes {
-            Nodes::Single(server) => server.close_idle(),
+        match &self.deployment {
+            Deployment::Single(node) => node.close_idle(),
+            Deployment::Sentinel(sentinel) => sentinel.close_idle(),
+            Deployment::Cluster(cluster) => cluster.close_idle(),
         }
     }
 
@@ -223,6 +270,70 @@ impl Backend {
         let by = Instant::now() + self.pool_wait;
         Lane::Caller(until.map_or(by, |u| u.min(by)))
     }
+}
+
+/// A reply saying that a command did not run where it was sent, and where to go instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Redirect {
+    /// `MOVED slot host:port`: the slot lives on another node now.
+    Moved(Addr),
+    /// `ASK slot host:port`: this one key is being migrated; ask there, once, after `ASKING`.
+    Ask(Addr),
+    /// `TRYAGAIN`, `CLUSTERDOWN`, `LOADING`, `MASTERDOWN`: not now; the same node, later.
+    Later,
+    /// `READONLY`: a replica (a demoted primary); find the primary.
+    ReadOnly,
+}
+
+impl Redirect {
+    /// The redirect a reply stands for, if any. `from` is the node that answered (a
+    /// redirect may leave the host empty, meaning that node's host).
+    pub fn of(value: &Value, from: &Addr) -> Option<Redirect> {
+        let Value::ServerError(e) = value else {
+            return None;
+        };
+        let target = || {
+            let text = e.details()?.split_whitespace().nth(1)?;
+            let (host, port) = text.rsplit_once(':')?;
+            let port = port.parse().ok()?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let host = match (host, from) {
+                ("", Addr::Tcp { host, .. }) => host.clone(),
+                _ => host.to_owned(),
+            };
+            Some(Addr::Tcp { host, port })
+        };
+        match e.code() {
+            "MOVED" => target().map(Redirect::Moved),
+            "ASK" => target().map(Redirect::Ask),
+            "TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" => Some(Redirect::Later),
+            "READONLY" => Some(Redirect::ReadOnly),
+            _ => None,
+        }
+    }
+}
+
+/// The first reply that is a redirect, and where it is.
+pub(crate) fn first_redirect(values: &[Value], from: &Addr) -> Option<(usize, Redirect)> {
+    values
+        .iter()
+        .enumerate()
+        .find_map(|(i, v)| Redirect::of(v, from).map(|r| (i, r)))
+}
+
+/// Replaces the replies from `from` on with `more` (the calls from there, sent again).
+pub(crate) fn splice(mut replies: Replies, from: usize, more: Replies) -> Replies {
+    replies.values.truncate(from);
+    replies.values.extend(more.values);
+    // The earlier send time stays: it is the conservative one.
+    replies
+}
+
+/// Sleeps a little before trying a node that said "not now", never past `deadline`.
+pub(crate) fn back_off(attempt: u32, deadline: Instant) {
+    let wait = Duration::from_millis(20 << attempt.min(4));
+    let left = deadline.saturating_duration_since(Instant::now());
+    std::thread::sleep(wait.min(left));
 }
 
 /// Writes `calls` in one request on `conn` and reads their replies; resends from the first

@@ -56,13 +56,20 @@ impl<T> Out<T> {
     }
 }
 
-/// Largest `size` an options struct may claim (a garbage value is refused, not trusted).
+/// Up to this size a `size` larger than ours is taken for a newer header (a clearer
+/// message); beyond it, for garbage.
 const MAX_OPTIONS_SIZE: usize = 4096;
+
+/// The size of a prefix of a struct aligned to `align` that ends at byte `end`.
+pub(crate) const fn prefix_size(end: usize, align: usize) -> usize {
+    end.div_ceil(align) * align
+}
 
 /// Reads a caller's options struct whose first field is its own size in bytes (set by its
 /// `_init` function). A caller compiled against an older, smaller struct passes a smaller
-/// size: the fields past it keep `defaults`. A larger size (a newer header than this
-/// library) is refused.
+/// size: the fields past it keep `defaults`. `sizes` lists the sizes of every version of
+/// the struct (each a prefix ending after a field, padded to the struct's alignment); any
+/// other size, larger ones included (a newer header than this library), is refused.
 ///
 /// # Safety
 /// `ptr` is NULL or points to at least `size` readable bytes starting with a `size_t`, and
@@ -70,6 +77,7 @@ const MAX_OPTIONS_SIZE: usize = 4096;
 pub(crate) unsafe fn read_sized<T: Copy>(
     ptr: *const T,
     defaults: T,
+    sizes: &[usize],
     what: &str,
 ) -> Result<T, Failure> {
     if ptr.is_null() {
@@ -78,15 +86,16 @@ pub(crate) unsafe fn read_sized<T: Copy>(
     // SAFETY: non-NULL, and every options struct begins with a size_t (caller's contract).
     let size = unsafe { ptr.cast::<usize>().read_unaligned() };
     let ours = std::mem::size_of::<T>();
-    if size < std::mem::size_of::<usize>() || size > MAX_OPTIONS_SIZE {
-        return Err(Failure::argument(format!(
-            "{what}->size is {size}: fill the struct with its _init function first"
-        )));
-    }
-    if size > ours {
+    if size > ours && size <= MAX_OPTIONS_SIZE {
         return Err(Failure::argument(format!(
             "{what}->size is {size}, larger than this library's {ours}: the program was built \
              against a newer redlease.h than the library it runs with"
+        )));
+    }
+    if !sizes.contains(&size) || size > ours {
+        return Err(Failure::argument(format!(
+            "{what}->size is {size}, not the size of any version of the struct: fill it with \
+             its _init function first"
         )));
     }
     let mut out = defaults;

@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::args::{Out, copy_out, opt_str_arg, read_sized, str_arg};
+use self::args::{Out, copy_out, opt_str_arg, prefix_size, read_sized, str_arg};
 use self::handles::{HandleTable, Kind};
 use self::status::{Failure, boundary};
 pub use self::status::{
@@ -48,8 +48,10 @@ pub const LOCK_LOST_UNREACHABLE: i32 = 2;
 pub type lock_lost_cb =
     Option<unsafe extern "C" fn(lock: lock_t, reason: i32, user_data: *mut c_void)>;
 
-/// Called on the acquiring thread when a signal interrupts a blocked `lock_acquire_opts`
-/// (and at least every 200 ms while it blocks). Return true to cancel the acquire
+/// Called on the acquiring thread while a `lock_acquire_opts` blocks: when a signal
+/// interrupts the wait, and also every 200 ms (a signal that arrives between two waits is
+/// seen at the next check), with no argument saying which. So it should look at a flag of
+/// its own (set by your signal handler) and return true to cancel the acquire
 /// (`LOCK_CANCELLED`), false to go on waiting. Must not call into this library.
 pub type lock_interrupt_cb = Option<unsafe extern "C" fn(user_data: *mut c_void) -> bool>;
 
@@ -139,6 +141,37 @@ pub unsafe extern "C" fn lock_client_options_init(opts: *mut lock_client_options
     })
 }
 
+/// The sizes of every version of `lock_client_options_t`: each prefix ending after a field.
+fn client_options_sizes() -> Vec<usize> {
+    use std::mem::{align_of, offset_of, size_of};
+    type T = lock_client_options_t;
+    let end = |offset: usize, size: usize| prefix_size(offset + size, align_of::<T>());
+    vec![
+        end(offset_of!(T, connect_timeout_ms), size_of::<u64>()),
+        end(offset_of!(T, io_timeout_ms), size_of::<u64>()),
+        end(offset_of!(T, pool_size), size_of::<u32>()),
+        end(offset_of!(T, pool_wait_ms), size_of::<u64>()),
+        end(offset_of!(T, key_prefix), size_of::<usize>()),
+        end(offset_of!(T, owner_label), size_of::<usize>()),
+        end(offset_of!(T, tls_ca_cert_file), size_of::<usize>()),
+    ]
+}
+
+/// The sizes of every version of `lock_acquire_options_t`.
+fn acquire_options_sizes() -> Vec<usize> {
+    use std::mem::{align_of, offset_of, size_of};
+    type T = lock_acquire_options_t;
+    let end = |offset: usize, size: usize| prefix_size(offset + size, align_of::<T>());
+    vec![
+        end(offset_of!(T, renew), size_of::<bool>()),
+        end(offset_of!(T, on_lost), size_of::<usize>()),
+        end(offset_of!(T, user_data), size_of::<usize>()),
+        end(offset_of!(T, cancel), size_of::<u64>()),
+        end(offset_of!(T, on_interrupt), size_of::<usize>()),
+        end(offset_of!(T, interrupt_user_data), size_of::<usize>()),
+    ]
+}
+
 fn default_client_options() -> lock_client_options_t {
     let d = ClientOptions::default();
     lock_client_options_t {
@@ -196,9 +229,9 @@ unsafe fn open_client(
 }
 
 /// Opens a client with `opts` (see `lock_client_options_t`); otherwise as
-/// `lock_client_open`. Timeouts under 1 ms, a pool size of 0, a `size` not set by
-/// `lock_client_options_init`, or a CA file that is not a readable regular file of at most
-/// 4 MiB give `LOCK_ERR_ARGUMENT`.
+/// `lock_client_open`. Timeouts under 1 ms, a pool size of 0, a `size` that is not the size
+/// of any version of the struct (fill it with `lock_client_options_init`), or a CA file
+/// that is not a readable regular file of at most 4 MiB give `LOCK_ERR_ARGUMENT`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lock_client_open_opts(
     url: *const c_char,
@@ -206,7 +239,14 @@ pub unsafe extern "C" fn lock_client_open_opts(
     out_client: *mut lock_client_t,
 ) -> i32 {
     boundary(|| {
-        let opts = unsafe { read_sized(opts, default_client_options(), "opts") }?;
+        let opts = unsafe {
+            read_sized(
+                opts,
+                default_client_options(),
+                &client_options_sizes(),
+                "opts",
+            )
+        }?;
         let mut options = ClientOptions::default()
             .connect_timeout(millis(opts.connect_timeout_ms))
             .io_timeout(millis(opts.io_timeout_ms))
@@ -297,7 +337,14 @@ pub unsafe extern "C" fn lock_acquire_opts(
         let opts = if opts.is_null() {
             default_acquire_options()
         } else {
-            unsafe { read_sized(opts, default_acquire_options(), "opts") }?
+            unsafe {
+                read_sized(
+                    opts,
+                    default_acquire_options(),
+                    &acquire_options_sizes(),
+                    "opts",
+                )
+            }?
         };
         let cancel = match opts.cancel {
             0 => None,
@@ -375,9 +422,11 @@ pub extern "C" fn lock_release(lock: lock_t) -> i32 {
     })
 }
 
-/// Sets the lease to `ttl_ms` from now if the key still holds the token. Blocking (one round
-/// trip). Results: `LOCK_OK`, `LOCK_NOT_HELD` (the lock was lost), `LOCK_ERR_ARGUMENT`
-/// (ttl 0), `LOCK_ERR_HANDLE`, `LOCK_ERR_CONNECTION`, `LOCK_ERR_REDIS`.
+/// Sets the lease to `ttl_ms` from now if the key still holds the token. Blocking: waits
+/// for a renewal in flight, then one round trip. Results: `LOCK_OK`, `LOCK_NOT_HELD` (the
+/// lock was lost, now or before: a loss is final), `LOCK_ERR_ARGUMENT` (ttl under 10 ms),
+/// `LOCK_ERR_HANDLE`, `LOCK_ERR_CONNECTION` (the extend may or may not have happened; the
+/// lock then assumes the shorter of the two ttls), `LOCK_ERR_REDIS`.
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_extend(lock: lock_t, ttl_ms: u64) -> i32 {
     boundary(|| with_guard(lock, |g| Ok(g.extend(millis(ttl_ms))?)))
@@ -469,10 +518,11 @@ pub unsafe extern "C" fn lock_cancel_new(out_cancel: *mut lock_cancel_t) -> i32 
     })
 }
 
-/// Cancels: every `lock_acquire_opts` given this handle that is waiting, or starts to wait
-/// later, returns `LOCK_CANCELLED` promptly, holding nothing. Does not block. Not
-/// async-signal-safe (it looks the handle up under a mutex): from a signal handler use
-/// `lock_cancel_all`. Errors: `LOCK_ERR_HANDLE`.
+/// Cancels: every `lock_acquire_opts` given this handle that is waiting returns
+/// `LOCK_CANCELLED` promptly, holding nothing; one given it later with `wait_ms` > 0 returns
+/// `LOCK_CANCELLED` at once, without trying (a try-once acquire ignores it). Does not
+/// block. Not async-signal-safe (it looks the handle up under a mutex): from a signal
+/// handler use `lock_cancel_all`. Errors: `LOCK_ERR_HANDLE`.
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_cancel(cancel: lock_cancel_t) -> i32 {
     boundary(|| {
@@ -499,12 +549,16 @@ pub extern "C" fn lock_cancel_free(cancel: lock_cancel_t) -> i32 {
 /// For shutting down: makes every acquire of this process that waits (`wait_ms` > 0), in
 /// progress or started later, return `LOCK_CANCELLED` promptly, until
 /// `lock_cancel_reset`. Async-signal-safe: a SIGTERM handler may call it (it stores to an
-/// atomic and writes to an eventfd, nothing else). Always `LOCK_OK`.
+/// atomic and writes to an eventfd, nothing else; `errno` is preserved). Always `LOCK_OK`.
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_cancel_all() -> i32 {
     // No boundary: it cannot panic, and the boundary touches thread-local state, which is
     // not async-signal-safe.
+    // SAFETY: __errno_location returns this thread's errno slot, valid for the thread.
+    let errno = unsafe { *libc::__errno_location() };
     crate::cancel_all();
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
     LOCK_OK
 }
 

@@ -16,7 +16,8 @@ pub const LOCK_NOT_HELD: i32 = 2;
 /// Acquire: a blocked wait was cancelled on purpose (`lock_cancel`, `lock_cancel_all`, or an
 /// interrupt callback that asked for it); never by a stray signal. Nothing is held.
 pub const LOCK_CANCELLED: i32 = 3;
-/// A NULL pointer, an empty or over-long key, a ttl of 0, bad UTF-8, a bad URL or option.
+/// A NULL pointer, an empty, over-long or reserved key, a ttl under 10 ms, bad UTF-8, a bad
+/// URL or option.
 /// Nothing was sent to Redis.
 pub const LOCK_ERR_ARGUMENT: i32 = -1;
 /// An unknown, released or closed handle.

@@ -1,6 +1,8 @@
 /*
  * An example worker daemon: takes a lock per job, hands the fencing token to the storage,
- * handles LOCK_BUSY and lost locks, and shuts down cleanly on SIGTERM or SIGINT.
+ * handles LOCK_BUSY and lost locks, and shuts down cleanly on SIGTERM or SIGINT, also while
+ * it is blocked waiting for a lock: the signal handler calls lock_cancel_all (which is
+ * async-signal-safe), and every waiting acquire returns LOCK_CANCELLED.
  *
  *   cc -std=c99 -Wall -Wextra -Iinclude bindings/c/examples/worker.c \
  *      -Ltarget/release -lredlease -o worker
@@ -8,6 +10,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,9 +21,19 @@
 
 static volatile sig_atomic_t stopping;
 
+/* A job waits this long for its lock before it is left for later (another worker may hold
+ * it for a long time). SIGTERM does not wait for it: see on_signal. */
+#define JOB_LOCK_WAIT_MS 30000
+
 static void on_signal(int sig) {
+    int saved_errno = errno;
     (void)sig;
     stopping = 1;
+    /* Wakes every thread blocked in lock_acquire (LOCK_CANCELLED), and makes every acquire
+     * that would wait from now on return LOCK_CANCELLED at once, so that a signal that
+     * lands between the check of `stopping` and the acquire is not missed either. */
+    lock_cancel_all();
+    errno = saved_errno;
 }
 
 /* Set from the renewal thread when a lock is lost; checked before committing a job. */
@@ -62,6 +75,7 @@ int main(int argc, char **argv) {
 
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
@@ -84,9 +98,14 @@ int main(int argc, char **argv) {
 
         job++;
         snprintf(key, sizeof key, "job:%u", job % 4);
-        status = lock_acquire_opts(client, key, 5000, 500, &lock_opts, &lock);
+        status = lock_acquire_opts(client, key, 5000, JOB_LOCK_WAIT_MS, &lock_opts, &lock);
+        if (status == LOCK_CANCELLED) {
+            /* Stopping: SIGTERM or SIGINT arrived while we waited (or just before). */
+            printf("worker: waiting for %s cancelled: stopping\n", key);
+            break;
+        }
         if (status == LOCK_BUSY) {
-            busy++; /* another worker has this job; try the next one */
+            busy++; /* another worker has had this job all along; try the next one */
             continue;
         }
         if (status != LOCK_OK) {

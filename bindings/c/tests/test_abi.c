@@ -3,119 +3,18 @@
  *
  * Environment: REDIS_URL, REDIS_HOST, REDIS_PORT; REDLEASE_TEST_ROUNDS (per thread in the
  * contention test, default 200). Prints "N passed, M failed" and exits non-zero on failure.
+ * Shared helpers (CHECK, raw_command, ...) are in test_harness.h; signals and cancellation
+ * are tested by test_signals.c.
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
+#include <stddef.h>
+#include <stdbool.h>
+#include <stdint.h>
 
-#include "redlease.h"
-
-static int passed, failed;
-
-#define CHECK(cond)                                                                \
-    do {                                                                           \
-        if (cond) {                                                                \
-            passed++;                                                              \
-        } else {                                                                   \
-            failed++;                                                              \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed (last error: %s)\n", __FILE__, \
-                    __LINE__, #cond, lock_last_error());                          \
-        }                                                                          \
-    } while (0)
-
-#define CHECK_STATUS(call, expected)                                                \
-    do {                                                                            \
-        int32_t status_ = (call);                                                   \
-        if (status_ == (expected)) {                                                \
-            passed++;                                                               \
-        } else {                                                                    \
-            failed++;                                                               \
-            fprintf(stderr, "%s:%d: %s gave %s, expected %s (last error: %s)\n",    \
-                    __FILE__, __LINE__, #call, lock_status_name(status_),           \
-                    lock_status_name(expected), lock_last_error());                 \
-        }                                                                           \
-    } while (0)
-
-static const char *url;
-static const char *host;
-static int port;
-
-static void sleep_ms(long ms) {
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (ms % 1000) * 1000000L;
-    nanosleep(&ts, NULL);
-}
-
-/* Sends one command (RESP) on a fresh connection and returns the first reply line in
- * reply (without CRLF); for a bulk string, the string itself. Returns 0 on success. */
-static int raw_command(char *reply, size_t reply_len, int argc, const char **argv) {
-    char buf[4096];
-    size_t n = 0;
-    int i, fd;
-    ssize_t got;
-    struct sockaddr_in addr;
-
-    n += (size_t)snprintf(buf + n, sizeof buf - n, "*%d\r\n", argc);
-    for (i = 0; i < argc; i++) {
-        n += (size_t)snprintf(buf + n, sizeof buf - n, "$%zu\r\n%s\r\n", strlen(argv[i]),
-                              argv[i]);
-    }
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)port);
-    inet_pton(AF_INET, host, &addr.sin_addr);
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
-        write(fd, buf, n) != (ssize_t)n) {
-        close(fd);
-        return -1;
-    }
-    got = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (got <= 0) return -1;
-    buf[got] = '\0';
-    if (buf[0] == '$') {
-        char *body = strstr(buf, "\r\n");
-        if (buf[1] == '-') {
-            snprintf(reply, reply_len, "(nil)");
-            return 0;
-        }
-        if (!body) return -1;
-        body += 2;
-        body[strcspn(body, "\r")] = '\0';
-        snprintf(reply, reply_len, "%s", body);
-    } else {
-        buf[strcspn(buf, "\r")] = '\0';
-        snprintf(reply, reply_len, "%s", buf + 1);
-    }
-    return 0;
-}
-
-static long raw_integer(const char *cmd, const char *arg) {
-    char reply[256];
-    const char *argv[2];
-    argv[0] = cmd;
-    argv[1] = arg;
-    if (raw_command(reply, sizeof reply, arg ? 2 : 1, argv) != 0) return -1000;
-    return strtol(reply, NULL, 10);
-}
-
-static lock_client_t open_client(void) {
-    lock_client_t client = 0;
-    CHECK_STATUS(lock_client_open(url, &client), LOCK_OK);
-    return client;
-}
+#include "test_harness.h"
 
 static void test_acquire_busy_extend_release(void) {
     lock_client_t client = open_client();
@@ -399,15 +298,247 @@ static void test_threads_keep_an_exact_counter(void) {
     CHECK_STATUS(lock_client_close(c.client), LOCK_OK);
 }
 
-int main(void) {
-    const char *port_text = getenv("REDIS_PORT");
-    url = getenv("REDIS_URL");
-    host = getenv("REDIS_HOST");
-    if (!url || !host || !port_text) {
-        fprintf(stderr, "set REDIS_URL, REDIS_HOST and REDIS_PORT\n");
-        return 2;
+/* lock_acquire_options_t as an older header declared it: the fields up to user_data. */
+typedef struct old_acquire_options_t {
+    size_t size;
+    bool renew;
+    lock_lost_cb on_lost;
+    void *user_data;
+} old_acquire_options_t;
+
+/* lock_client_options_t as an older header declared it: the fields up to pool_wait_ms. */
+typedef struct old_client_options_t {
+    size_t size;
+    uint64_t connect_timeout_ms;
+    uint64_t io_timeout_ms;
+    uint32_t pool_size;
+    uint64_t pool_wait_ms;
+} old_client_options_t;
+
+/* A copy of `len` bytes of `old` in a heap block of `block` bytes whose rest is garbage
+ * (0xA5): exactly `len` bytes when block == len, so that reading past them is an error
+ * under ASan and valgrind; a larger block makes a library that reads the fields past `size`
+ * see a garbage cancel handle, callback or string pointer. */
+static void *old_struct_copy(const void *old, size_t len, size_t block) {
+    unsigned char *copy = malloc(block);
+    if (!copy) abort();
+    memset(copy, 0xA5, block);
+    memcpy(copy, old, len);
+    return copy;
+}
+
+static void test_old_acquire_options_still_work(void) {
+    lock_client_t client = open_client();
+    old_acquire_options_t old;
+    lock_acquire_options_t fixed;
+    void *exact, *garbage_tail;
+    lock_t lock = 0, holder = 0;
+    bool held = true;
+    double started, waited;
+
+    CHECK(offsetof(old_acquire_options_t, renew) == offsetof(lock_acquire_options_t, renew));
+    CHECK(offsetof(old_acquire_options_t, on_lost) == offsetof(lock_acquire_options_t, on_lost));
+    CHECK(offsetof(old_acquire_options_t, user_data) ==
+          offsetof(lock_acquire_options_t, user_data));
+    CHECK(sizeof(old_acquire_options_t) < sizeof(lock_acquire_options_t));
+    CHECK_STATUS(lock_acquire_options_init(&fixed), LOCK_OK);
+    CHECK(fixed.size == sizeof(lock_acquire_options_t));
+    CHECK(fixed.cancel == 0 && fixed.on_interrupt == NULL);
+
+    memset(&old, 0, sizeof old);
+    old.size = sizeof old;
+    old.renew = false;
+    old.on_lost = NULL;
+    old.user_data = NULL;
+
+    /* Exactly the old struct's bytes: the library reads no further, and takes renew=false
+     * from it (the 150 ms lease is not renewed). */
+    exact = old_struct_copy(&old, sizeof old, sizeof old);
+    CHECK_STATUS(lock_acquire_opts(client, "c:old-opts", 150, 0,
+                                   (const lock_acquire_options_t *)exact, &lock),
+                 LOCK_OK);
+    CHECK(raw_integer("EXISTS", "c:old-opts") == 1);
+    sleep_ms(400);
+    CHECK_STATUS(lock_is_held(lock, &held), LOCK_OK);
+    CHECK(!held);
+    CHECK(raw_integer("EXISTS", "c:old-opts") == 0);
+    CHECK_STATUS(lock_release(lock), LOCK_NOT_HELD);
+    free(exact);
+
+    /* Garbage past the old size: the fields there take their defaults (no cancel handle, no
+     * interrupt callback), also through a wait of several 200 ms slices, during which an
+     * interrupt callback would be called. The holder's fixed 300 ms lease ends the wait. */
+    fixed.renew = false;
+    CHECK_STATUS(lock_acquire_opts(client, "c:old-opts-wait", 300, 0, &fixed, &holder), LOCK_OK);
+    garbage_tail = old_struct_copy(&old, sizeof old, sizeof(lock_acquire_options_t));
+    lock = 0;
+    started = now_ms();
+    CHECK_STATUS(lock_acquire_opts(client, "c:old-opts-wait", 10000, 5000,
+                                   (const lock_acquire_options_t *)garbage_tail, &lock),
+                 LOCK_OK);
+    waited = now_ms() - started;
+    CHECK(waited >= 150 && waited < 3000.0 * (double)slack);
+    CHECK(lock != 0);
+    CHECK(raw_integer("PTTL", "c:old-opts-wait") > 5000);
+    CHECK_STATUS(lock_release(lock), LOCK_OK);
+    CHECK_STATUS(lock_release(holder), LOCK_NOT_HELD);
+    CHECK(raw_integer("EXISTS", "c:old-opts-wait") == 0);
+    free(garbage_tail);
+    CHECK_STATUS(lock_client_close(client), LOCK_OK);
+}
+
+/* Opens a client with an old options struct laid out in `block` bytes, takes and releases
+ * one lock, and checks the defaults of the fields past the old size: no key prefix, owner
+ * label host/pid. */
+static void check_old_client_options(const old_client_options_t *old, size_t block) {
+    void *copy = old_struct_copy(old, sizeof *old, block);
+    lock_client_t client = 0;
+    lock_t lock = 0;
+    char token[LOCK_TOKEN_MAX];
+    const char *slash;
+
+    CHECK_STATUS(lock_client_open_opts(url, (const lock_client_options_t *)copy, &client),
+                 LOCK_OK);
+    free(copy);
+    CHECK_STATUS(lock_acquire(client, "c:old-client", 10000, 0, &lock), LOCK_OK);
+    CHECK(raw_integer("EXISTS", "c:old-client") == 1); /* no key prefix */
+    CHECK_STATUS(lock_token(lock, token, sizeof token), LOCK_OK);
+    slash = strrchr(token, '/');
+    CHECK(slash != NULL && atol(slash + 1) == (long)getpid()); /* ...:host/pid */
+    CHECK_STATUS(lock_release(lock), LOCK_OK);
+    CHECK(raw_integer("EXISTS", "c:old-client") == 0);
+    CHECK_STATUS(lock_client_close(client), LOCK_OK);
+}
+
+static void test_old_client_options_still_work(void) {
+    old_client_options_t old;
+    lock_client_options_t opts;
+    lock_client_t client = 0;
+    lock_t lock = 0;
+
+    CHECK(offsetof(old_client_options_t, pool_size) ==
+          offsetof(lock_client_options_t, pool_size));
+    CHECK(offsetof(old_client_options_t, pool_wait_ms) ==
+          offsetof(lock_client_options_t, pool_wait_ms));
+    CHECK(sizeof(old_client_options_t) < sizeof(lock_client_options_t));
+    CHECK_STATUS(lock_client_options_init(&opts), LOCK_OK);
+    CHECK(opts.size == sizeof(lock_client_options_t));
+
+    memset(&old, 0, sizeof old);
+    old.size = sizeof old;
+    old.connect_timeout_ms = 2000;
+    old.io_timeout_ms = 2000;
+    old.pool_size = 4;
+    old.pool_wait_ms = 0; /* valid: take a free connection or fail at once */
+    check_old_client_options(&old, sizeof old);
+    check_old_client_options(&old, sizeof(lock_client_options_t));
+
+    /* pool_wait_ms 0 with today's struct too. */
+    opts.pool_wait_ms = 0;
+    CHECK_STATUS(lock_client_open_opts(url, &opts, &client), LOCK_OK);
+    CHECK_STATUS(lock_acquire(client, "c:pool-wait-0", 10000, 0, &lock), LOCK_OK);
+    CHECK_STATUS(lock_release(lock), LOCK_OK);
+    CHECK_STATUS(lock_client_close(client), LOCK_OK);
+}
+
+/* Options big enough for any `size` the tests claim. */
+struct roomy_options {
+    union {
+        lock_acquire_options_t acquire;
+        lock_client_options_t client;
+    } u;
+    unsigned char more[64];
+};
+
+static void test_options_size_is_checked(void) {
+    lock_client_t client = open_client(), other = 0;
+    struct roomy_options roomy;
+    lock_t lock = 0;
+    const lock_t untouched = 0x5ca1ab1eULL;
+    /* Unset, too small to hold the size itself, larger than this library's struct (a newer
+     * header), garbage. */
+    const size_t sizes[] = {0, sizeof(size_t) - 1, sizeof(lock_acquire_options_t) + 1,
+                            sizeof(lock_acquire_options_t) + 8, (size_t)-1};
+    const size_t client_sizes[] = {0, sizeof(size_t) - 1, sizeof(lock_client_options_t) + 1,
+                                   sizeof(lock_client_options_t) + 8, (size_t)-1};
+    size_t i;
+
+    for (i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        memset(&roomy, 0, sizeof roomy);
+        CHECK_STATUS(lock_acquire_options_init(&roomy.u.acquire), LOCK_OK);
+        roomy.u.acquire.size = sizes[i];
+        lock = untouched;
+        CHECK_STATUS(lock_acquire_opts(client, "c:size", 10000, 0, &roomy.u.acquire, &lock),
+                     LOCK_ERR_ARGUMENT);
+        CHECK(lock == untouched);
+        CHECK(strstr(lock_last_error(), "size") != NULL);
     }
-    port = atoi(port_text);
+    CHECK(raw_integer("EXISTS", "c:size") == 0); /* nothing was sent */
+
+    for (i = 0; i < sizeof client_sizes / sizeof client_sizes[0]; i++) {
+        memset(&roomy, 0, sizeof roomy);
+        CHECK_STATUS(lock_client_options_init(&roomy.u.client), LOCK_OK);
+        roomy.u.client.size = client_sizes[i];
+        other = (lock_client_t)untouched;
+        CHECK_STATUS(lock_client_open_opts(url, &roomy.u.client, &other), LOCK_ERR_ARGUMENT);
+        CHECK(other == (lock_client_t)untouched);
+    }
+
+    /* The real size works, of course. */
+    CHECK_STATUS(lock_acquire_options_init(&roomy.u.acquire), LOCK_OK);
+    lock = 0;
+    CHECK_STATUS(lock_acquire_opts(client, "c:size", 10000, 0, &roomy.u.acquire, &lock),
+                 LOCK_OK);
+    CHECK_STATUS(lock_release(lock), LOCK_OK);
+    CHECK_STATUS(lock_client_close(client), LOCK_OK);
+}
+
+static void test_new_statuses_ttl_floor_and_reserved_names(void) {
+    lock_client_t client = open_client();
+    lock_acquire_options_t fixed;
+    lock_t lock = 0;
+    int32_t status;
+
+    CHECK(LOCK_CANCELLED == 3);
+    CHECK(LOCK_ERR_REPLICATION == -6);
+    CHECK(strcmp(lock_status_name(LOCK_CANCELLED), "LOCK_CANCELLED") == 0);
+    CHECK(strcmp(lock_status_name(LOCK_ERR_REPLICATION), "LOCK_ERR_REPLICATION") == 0);
+    CHECK(strcmp(lock_status_name(LOCK_OK), "LOCK_OK") == 0);
+    CHECK(strcmp(lock_status_name(LOCK_NOT_HELD), "LOCK_NOT_HELD") == 0);
+
+    /* The shortest ttl is 10 ms. */
+    CHECK_STATUS(lock_acquire(client, "c:ttl-floor", 9, 0, &lock), LOCK_ERR_ARGUMENT);
+    CHECK(lock == 0);
+    CHECK_STATUS(lock_acquire_options_init(&fixed), LOCK_OK);
+    fixed.renew = false;
+    CHECK_STATUS(lock_acquire_opts(client, "c:ttl-floor", 10, 0, &fixed, &lock), LOCK_OK);
+    status = lock_release(lock); /* the 10 ms lease may be over already */
+    CHECK(status == LOCK_OK || status == LOCK_NOT_HELD);
+    /* The same floor for extends. */
+    CHECK_STATUS(lock_acquire(client, "c:ttl-floor", 10000, 0, &lock), LOCK_OK);
+    CHECK_STATUS(lock_extend(lock, 9), LOCK_ERR_ARGUMENT);
+    CHECK(raw_integer("PTTL", "c:ttl-floor") > 5000); /* untouched */
+    CHECK_STATUS(lock_extend(lock, 20000), LOCK_OK);
+    CHECK(raw_integer("PTTL", "c:ttl-floor") > 15000);
+    CHECK_STATUS(lock_release(lock), LOCK_OK);
+
+    /* Names in the library's own namespace are refused, and nothing is sent. */
+    lock = 0;
+    CHECK_STATUS(lock_acquire(client, "redlease:x", 1000, 0, &lock), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_acquire(client, "redlease:", 1000, 0, &lock), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_acquire(client, "redlease:fence:{c:x}", 1000, 0, &lock),
+                 LOCK_ERR_ARGUMENT);
+    CHECK(strstr(lock_last_error(), "reserved") != NULL);
+    CHECK(lock == 0);
+    CHECK(raw_integer("EXISTS", "redlease:x") == 0);
+    /* Only that exact prefix: Redis keys are case-sensitive. */
+    CHECK_STATUS(lock_acquire(client, "Redlease:x", 1000, 0, &lock), LOCK_OK);
+    CHECK_STATUS(lock_release(lock), LOCK_OK);
+    CHECK_STATUS(lock_client_close(client), LOCK_OK);
+}
+
+int main(void) {
+    if (harness_init() != 0) return 2;
 
     test_acquire_busy_extend_release();
     test_expired_lease_does_not_touch_next_holder();
@@ -415,7 +546,10 @@ int main(void) {
     test_bad_input();
     test_close_releases_held_locks();
     test_threads_keep_an_exact_counter();
+    test_old_acquire_options_still_work();
+    test_old_client_options_still_work();
+    test_options_size_is_checked();
+    test_new_statuses_ttl_floor_and_reserved_names();
 
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed == 0 ? 0 : 1;
+    return harness_report();
 }

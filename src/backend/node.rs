@@ -1,43 +1,73 @@
-//! One Redis server (`redis://`, `rediss://`, `redis+unix://`).
+//! One Redis server and its connections: the unit every deployment is made of (a single
+//! server is one node; a Sentinel deployment uses the primary's node; a Cluster has one per
+//! primary).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::backend::{Call, Exec, Lane, Replies, reply, run_calls};
 use crate::cancel::Watch;
 use crate::connection::{Connection, Connector};
 use crate::error::Result;
 use crate::pool::{self, Pool};
+use crate::tls::TlsSetup;
+use crate::url::{Addr, Login};
 
 /// Idle connections the renewal pool keeps. Renewals of locks taken together come in
 /// bursts; with too few idle connections each burst opens (and closes) new ones.
 const RENEWAL_IDLE: usize = 64;
 
-/// A single server: a pool for callers, waiters and releases, and one for renewals.
-pub(crate) struct Server {
+/// Makes the nodes of a deployment: every node shares the TLS setup, the login and the
+/// pool settings of the client.
+pub(crate) struct NodeFactory {
+    pub tls: Arc<TlsSetup>,
+    pub login: Login,
+    pub connect_timeout: Duration,
+    pub pool_size: usize,
+}
+
+impl NodeFactory {
+    pub fn node(&self, addr: &Addr) -> Arc<Node> {
+        let connector = || {
+            Connector::new(
+                addr.clone(),
+                self.tls.clone(),
+                self.login.clone(),
+                self.connect_timeout,
+            )
+        };
+        Arc::new(Node {
+            addr: addr.clone(),
+            pool: Pool::new(connector(), self.pool_size, self.pool_size),
+            renewal: Pool::new(connector(), usize::MAX, RENEWAL_IDLE),
+            policy_checked: AtomicBool::new(false),
+        })
+    }
+
+    /// A one-off connection to `addr` with `login` (Sentinels, and checking a node's role).
+    pub fn connector(&self, addr: &Addr, login: &Login) -> Connector {
+        Connector::new(
+            addr.clone(),
+            self.tls.clone(),
+            login.clone(),
+            self.connect_timeout,
+        )
+    }
+}
+
+/// One server: a pool for callers, waiters and releases, and one for renewals.
+pub(crate) struct Node {
+    pub addr: Addr,
     pool: Pool,
     renewal: Pool,
-    pub describe: String,
     policy_checked: AtomicBool,
 }
 
-impl Server {
-    /// `connector` and `renewal_connector` open connections to the same server.
-    pub fn new(
-        connector: Connector,
-        renewal_connector: Connector,
-        pool_size: usize,
-        describe: String,
-    ) -> Self {
-        Server {
-            pool: Pool::new(connector, pool_size, pool_size),
-            renewal: Pool::new(renewal_connector, usize::MAX, RENEWAL_IDLE),
-            describe,
-            policy_checked: AtomicBool::new(false),
-        }
-    }
-
-    pub fn exec(&self, _key: &str, calls: &[Call], how: &Exec<'_>) -> Result<Option<Replies>> {
+impl Node {
+    /// Runs `calls` on this node (see [`crate::backend`]). `Ok(None)` on the blocking lane
+    /// when all its connections are taken.
+    pub fn exec(&self, calls: &[Call], how: &Exec<'_>) -> Result<Option<Replies>> {
         let (pool, lane) = match how.lane {
             Lane::Caller(until) => (&self.pool, pool::Lane::Caller(until)),
             Lane::Blocking => (&self.pool, pool::Lane::Blocking),
@@ -49,7 +79,7 @@ impl Server {
             .unwrap_or_else(|| Instant::now() + pool.connector.connect_timeout);
         if !self.policy_checked.swap(true, Ordering::Relaxed) {
             if let Ok(Some(mut probe)) = self.pool.checkout(pool::Lane::Urgent, connect_by) {
-                check_eviction_policy(probe.conn(), &self.describe, how);
+                check_eviction_policy(probe.conn(), &self.addr.to_string(), how);
             }
         }
         let Some(mut pooled) = pool.checkout(lane, connect_by)? else {
@@ -57,7 +87,7 @@ impl Server {
         };
         run_calls(pooled.conn(), calls, how)
             .map(Some)
-            .map_err(|e| e.context(&format!("talking to {}", pool.connector.addr)))
+            .map_err(|e| e.context(&format!("talking to {}", self.addr)))
     }
 
     pub fn close_idle(&self) {

@@ -1,0 +1,234 @@
+//! A primary found through Sentinels (`redis+sentinel://`).
+//!
+//! Discovery is ours rather than the redis crate's, whose sentinel support connects to the
+//! nodes it discovers without a timeout (a stopped primary would hang it): each Sentinel is
+//! asked `SENTINEL GET-MASTER-ADDR-BY-NAME`, and the address it names is checked with
+//! `ROLE` before it is used, every step on a connection with the client's timeouts. The
+//! primary is rediscovered when it answers `READONLY` (it was demoted) or cannot be
+//! reached; a request refused without running is sent again to the new primary within the
+//! request's bounds, never in a loop.
+//!
+//! The data nodes are logged in to with the URL's user and password; the Sentinels with
+//! the `sentinel_user` / `sentinel_pass` query parameters (none by default).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::backend::node::{Node, NodeFactory};
+use crate::backend::{
+    Call, Exec, Redirect, Replies, back_off, first_redirect, reply, run_calls, splice,
+};
+use crate::cancel::Watch;
+use crate::error::{Error, ErrorKind, Result};
+use crate::url::{Addr, Login};
+
+/// Most times a request refused by a demoted primary is sent again.
+const MAX_ATTEMPTS: u32 = 4;
+
+pub(crate) struct Sentinel {
+    factory: NodeFactory,
+    sentinels: Vec<Addr>,
+    master: String,
+    sentinel_login: Login,
+    io_timeout: Duration,
+    /// The primary in use; `None` until discovered, and after it failed.
+    primary: Mutex<Option<Arc<Node>>>,
+    /// Which Sentinel to ask first (the last one that answered).
+    first: AtomicUsize,
+}
+
+impl Sentinel {
+    pub fn new(
+        factory: NodeFactory,
+        sentinels: Vec<Addr>,
+        master: String,
+        sentinel_login: Login,
+        io_timeout: Duration,
+    ) -> Self {
+        Sentinel {
+            factory,
+            sentinels,
+            master,
+            sentinel_login,
+            io_timeout,
+            primary: Mutex::new(None),
+            first: AtomicUsize::new(0),
+        }
+    }
+
+    fn primary(&self) -> std::sync::MutexGuard<'_, Option<Arc<Node>>> {
+        self.primary.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `calls` on the primary, rediscovering it (until `deadline`) when it was demoted
+    /// or cannot be reached.
+    pub fn exec(
+        &self,
+        calls: &[Call],
+        how: &Exec<'_>,
+        deadline: Instant,
+    ) -> Result<Option<Replies>> {
+        let mut done: Option<Replies> = None;
+        let mut from = 0;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let node = self.current(deadline)?;
+            let result = node.exec(&calls[from..], how);
+            let replies = match result {
+                Ok(None) => return Ok(None),
+                Ok(Some(replies)) => replies,
+                Err(e) if e.is_unreachable() => {
+                    // The next request rediscovers; this one is sent again only if it surely
+                    // did not run.
+                    self.forget(&node);
+                    if e.outcome_unknown() || attempt >= MAX_ATTEMPTS || Instant::now() >= deadline
+                    {
+                        return Err(e);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let merged = match done.take() {
+                Some(earlier) => splice(earlier, from, replies),
+                None => replies,
+            };
+            match first_redirect(&merged.values[from..], &node.addr) {
+                Some((i, Redirect::ReadOnly | Redirect::Later))
+                    if attempt < MAX_ATTEMPTS && Instant::now() < deadline =>
+                {
+                    log::info!(
+                        "{} is no longer the primary of {:?}; rediscovering",
+                        node.addr,
+                        self.master
+                    );
+                    self.forget(&node);
+                    back_off(attempt, deadline);
+                    from += i;
+                    done = Some(merged);
+                }
+                _ => return Ok(Some(merged)),
+            }
+        }
+    }
+
+    /// The primary in use, discovering it if needed.
+    fn current(&self, deadline: Instant) -> Result<Arc<Node>> {
+        if let Some(node) = self.primary().clone() {
+            return Ok(node);
+        }
+        let addr = self.discover(deadline)?;
+        let mut primary = self.primary();
+        match primary.as_ref() {
+            Some(node) if node.addr == addr => Ok(node.clone()),
+            _ => {
+                let node = self.factory.node(&addr);
+                *primary = Some(node.clone());
+                Ok(node)
+            }
+        }
+    }
+
+    /// Stops using `node` (if it is still the one in use).
+    fn forget(&self, node: &Arc<Node>) {
+        let mut primary = self.primary();
+        if primary.as_ref().is_some_and(|p| Arc::ptr_eq(p, node)) {
+            *primary = None;
+        }
+    }
+
+    /// Asks the Sentinels, in turn, for the primary, and checks that it says it is one.
+    fn discover(&self, deadline: Instant) -> Result<Addr> {
+        let n = self.sentinels.len();
+        let start = self.first.load(Ordering::Relaxed);
+        let mut problems = Vec::new();
+        for i in 0..n {
+            if Instant::now() >= deadline {
+                break;
+            }
+            let index = (start + i) % n;
+            let sentinel = &self.sentinels[index];
+            match self.ask(sentinel, deadline) {
+                Ok(Some(addr)) => match self.is_primary(&addr, deadline) {
+                    Ok(true) => {
+                        self.first.store(index, Ordering::Relaxed);
+                        return Ok(addr);
+                    }
+                    Ok(false) => problems.push(format!("{sentinel} named {addr}, a replica")),
+                    Err(e) => problems.push(format!("{sentinel} named {addr}: {e}")),
+                },
+                Ok(None) => {
+                    problems.push(format!("{sentinel} does not know {:?}", self.master));
+                }
+                Err(e) => problems.push(format!("{sentinel}: {e}")),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Connection,
+            format!(
+                "no Sentinel named a reachable primary for {:?}: {}",
+                self.master,
+                if problems.is_empty() {
+                    "no time left".to_owned()
+                } else {
+                    problems.join("; ")
+                }
+            ),
+        ))
+    }
+
+    /// One Sentinel's answer: the primary's address, or `None` when it does not know it.
+    fn ask(&self, sentinel: &Addr, deadline: Instant) -> Result<Option<Addr>> {
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.master);
+        let value = self.one_off(sentinel, &self.sentinel_login, &cmd, deadline)?;
+        match reply::<Option<(String, u16)>>(value)? {
+            Some((host, port)) => Ok(Some(Addr::Tcp { host, port })),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether `addr` says it is a primary (`ROLE`).
+    fn is_primary(&self, addr: &Addr, deadline: Instant) -> Result<bool> {
+        let value = self.one_off(addr, &self.factory.login, &redis::cmd("ROLE"), deadline)?;
+        let Value::Array(parts) = value else {
+            return Err(Error::new(ErrorKind::Server, "unexpected reply to ROLE"));
+        };
+        let role: String = parts
+            .into_iter()
+            .next()
+            .map(reply)
+            .transpose()?
+            .unwrap_or_default();
+        Ok(role == "master")
+    }
+
+    /// One command on a connection of its own, within the timeouts and `deadline`.
+    fn one_off(
+        &self,
+        addr: &Addr,
+        login: &Login,
+        cmd: &redis::Cmd,
+        deadline: Instant,
+    ) -> Result<Value> {
+        let mut conn = self.factory.connector(addr, login).connect(deadline)?;
+        let how = Exec {
+            lane: crate::backend::Lane::Urgent,
+            io: self.io_timeout,
+            cutoff: Some(deadline),
+            watch: &Watch::none(),
+        };
+        let replies = run_calls(&mut conn, &[Call::cmd(cmd)], &how)?;
+        Ok(replies.values.into_iter().next().unwrap_or(Value::Nil))
+    }
+
+    pub fn close_idle(&self) {
+        if let Some(node) = self.primary().as_ref() {
+            node.close_idle();
+        }
+    }
+}
