@@ -19,9 +19,10 @@ const HEADER_TOP: &str = "\
  *   most the client's timeouts (and the wait the caller asked for).
  * - Strings are NUL-terminated UTF-8 and are copied; the library keeps no pointer to
  *   caller memory except user_data.
- * - Option structs begin with their own size: fill them with their _init function, which
- *   sets it, then change fields. A later version may add fields at the end; a program
- *   built against this header keeps working (the new fields take their defaults).
+ * - Option structs begin with their own size: fill them with their _init function, giving
+ *   it sizeof the struct (lock_acquire_options_init(&opts, sizeof opts)), then change
+ *   fields. A later version may add fields at the end; a program built against this
+ *   header keeps working with it (the new fields take their defaults).
  * - A signal never ends a call: an interrupted wait resumes with the time left. A blocked
  *   acquire ends early only when cancelled on purpose (lock_cancel, lock_cancel_all, or
  *   an on_interrupt callback that asks for it), with LOCK_CANCELLED and nothing held.

@@ -13,9 +13,10 @@
  *   most the client's timeouts (and the wait the caller asked for).
  * - Strings are NUL-terminated UTF-8 and are copied; the library keeps no pointer to
  *   caller memory except user_data.
- * - Option structs begin with their own size: fill them with their _init function, which
- *   sets it, then change fields. A later version may add fields at the end; a program
- *   built against this header keeps working (the new fields take their defaults).
+ * - Option structs begin with their own size: fill them with their _init function, giving
+ *   it sizeof the struct (lock_acquire_options_init(&opts, sizeof opts)), then change
+ *   fields. A later version may add fields at the end; a program built against this
+ *   header keeps working with it (the new fields take their defaults).
  * - A signal never ends a call: an interrupted wait resumes with the time left. A blocked
  *   acquire ends early only when cancelled on purpose (lock_cancel, lock_cancel_all, or
  *   an on_interrupt callback that asks for it), with LOCK_CANCELLED and nothing held.
@@ -101,10 +102,10 @@
 #define LOCK_ERR_REPLICATION -6
 
 /**
- * Client options. Fill with `lock_client_options_init` (which sets `size`), then change
- * what you need. The struct may gain fields at its end in later versions: a program built
- * against an older header passes its smaller `size`, and the new fields keep their
- * defaults.
+ * Client options. Fill with `lock_client_options_init(&opts, sizeof opts)` (which sets
+ * `size`), then change what you need. The struct may gain fields at its end in later
+ * versions: a program built against an older header passes its smaller size, and the
+ * new fields keep their defaults.
  */
 typedef struct lock_client_options_t {
   /**
@@ -172,14 +173,16 @@ typedef uint64_t lock_cancel_t;
  * Called on the acquiring thread while a `lock_acquire_opts` blocks: when a signal
  * interrupts the wait, and also every 200 ms (a signal that arrives between two waits is
  * seen at the next check), with no argument saying which. So it should look at a flag of
- * its own (set by your signal handler) and return true to cancel the acquire
- * (`LOCK_CANCELLED`), false to go on waiting. Must not call into this library.
+ * its own (set by your signal handler) and return nonzero to cancel the acquire
+ * (`LOCK_CANCELLED`), 0 to go on waiting. It may call `lock_cancel` and `lock_cancel_all`,
+ * no other function of this library, and must not block.
  */
-typedef bool (*lock_interrupt_cb)(void *user_data);
+typedef int32_t (*lock_interrupt_cb)(void *user_data);
 
 /**
- * Acquire options. Fill with `lock_acquire_options_init` (which sets `size`), then change
- * what you need. May gain fields at its end, as `lock_client_options_t`.
+ * Acquire options. Fill with `lock_acquire_options_init(&opts, sizeof opts)` (which sets
+ * `size`), then change what you need. May gain fields at its end, as
+ * `lock_client_options_t`.
  */
 typedef struct lock_acquire_options_t {
   /**
@@ -218,9 +221,12 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * Fills `opts` with the defaults. Returns `LOCK_ERR_ARGUMENT` for NULL.
+ * Fills `opts` with the defaults: pass `sizeof *opts` as `size`, so that a library newer
+ * than your header (whose struct has more fields) writes only the fields you have, and
+ * sets `opts->size`. Errors: `LOCK_ERR_ARGUMENT` for NULL or a size that is not the size
+ * of a version of the struct.
  */
-int32_t lock_client_options_init(struct lock_client_options_t *opts);
+int32_t lock_client_options_init(struct lock_client_options_t *opts, size_t size);
 
 /**
  * Opens a client with default options; no connection is made yet.
@@ -252,10 +258,11 @@ int32_t lock_client_open_opts(const char *url,
 int32_t lock_client_close(lock_client_t client);
 
 /**
- * Fills `opts` with the defaults (renewal on, no callback). Returns `LOCK_ERR_ARGUMENT`
- * for NULL.
+ * Fills `opts` with the defaults (renewal on, no callback, no cancel handle): pass
+ * `sizeof *opts` as `size` (see `lock_client_options_init`). Errors: `LOCK_ERR_ARGUMENT`
+ * for NULL or a size that is not the size of a version of the struct.
  */
-int32_t lock_acquire_options_init(struct lock_acquire_options_t *opts);
+int32_t lock_acquire_options_init(struct lock_acquire_options_t *opts, size_t size);
 
 /**
  * Acquires the lock `key` for `ttl_ms`, renewed while held. Blocking.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::backend::{self, Backend, Call, Exec, Lane};
+use crate::backend::{self, Backend, Call, Exec, Lane, Replicas};
 use crate::cancel::Watch;
 use crate::connection;
 use crate::error::{Error, ErrorKind, Result};
@@ -32,6 +32,7 @@ pub(crate) struct Acquire<'a> {
     pub ttl: Duration,
     pub wait: Wait,
     pub watch: Watch,
+    pub replicas: Option<Replicas>,
 }
 
 /// A lock acquired: its fencing token, the lease the key was given (the ttl, or less for a
@@ -149,13 +150,43 @@ impl Acquire<'_> {
         )
     }
 
+    /// The calls of one attempt: the script, then `WAIT` when replicas must acknowledge.
+    fn attempt_calls(&self, mode: u8) -> Vec<Call> {
+        let mut calls = vec![self.attempt_call(mode)];
+        calls.extend(self.replicas.map(|r| r.call()));
+        calls
+    }
+
+    /// Reads an attempt's replies (script, then `WAIT` if any). A grant too few replicas
+    /// acknowledged is rolled back and reported as [`ErrorKind::Replication`].
+    fn read_attempt(
+        &self,
+        mut values: impl Iterator<Item = Value>,
+        sent_at: Instant,
+    ) -> Result<Attempt> {
+        let attempt = parse_attempt(values.next(), sent_at)?;
+        if let (Attempt::Granted(_), Some(replicas)) = (&attempt, &self.replicas) {
+            if let Err(e) = replicas.check(values.next(), "acquiring") {
+                let cutoff = Some(Instant::now() + self.backend.io_timeout);
+                let rolled_back = release_token(self.backend, self.keys, self.token, cutoff, true);
+                return Err(match rolled_back {
+                    Ok(_) => e.context("rolled back"),
+                    Err(undo) => e.context(&format!(
+                        "could not roll back ({undo}); the lock lapses after its lease"
+                    )),
+                });
+            }
+        }
+        Ok(attempt)
+    }
+
     /// One attempt on its own.
     fn plain(&self, mode: u8, lane: Lane) -> Result<Attempt> {
         let how = self.backend.exec_on(lane);
         let replies = self
             .backend
-            .run(&self.keys.lock, &[self.attempt_call(mode)], &how)?;
-        parse_attempt(replies.values.into_iter().next(), replies.sent_at)
+            .run(&self.keys.lock, &self.attempt_calls(mode), &how)?;
+        self.read_attempt(replies.values.into_iter(), replies.sent_at)
     }
 
     /// Blocks on the wake list for up to `block`, then attempts (pipelined). `Ok(None)`
@@ -165,7 +196,8 @@ impl Acquire<'_> {
         blpop
             .arg(&self.keys.wake)
             .arg(format!("{:.3}", block.as_secs_f64()));
-        let calls = [Call::blocking(&blpop, block), self.attempt_call(mode)];
+        let mut calls = vec![Call::blocking(&blpop, block)];
+        calls.extend(self.attempt_calls(mode));
         let how = Exec {
             watch: &self.watch,
             ..self.backend.exec_on(Lane::Blocking)
@@ -178,7 +210,7 @@ impl Acquire<'_> {
         if let Some(Value::ServerError(e)) = &popped {
             return Err(connection::server_error(e));
         }
-        parse_attempt(values.next(), replies.sent_at).map(Some)
+        self.read_attempt(values, replies.sent_at).map(Some)
     }
 
     /// Extends a lock that was acquired with less lease left than two thirds of its ttl: a

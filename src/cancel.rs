@@ -33,8 +33,9 @@ static WAKE_FD: OnceLock<Option<RawFd>> = OnceLock::new();
 
 /// Cancels one acquire (or several: clone it, or give the same token to each).
 ///
-/// Cheap to clone; `Send + Sync`. Once cancelled it stays cancelled: an acquire given a
-/// cancelled token fails at once with [`crate::ErrorKind::Cancelled`] if it would have to wait.
+/// Cheap to clone; `Send + Sync`. Once cancelled it stays cancelled: an acquire that may
+/// wait (`acquire`, `acquire_timeout` with a wait above zero) given a cancelled token fails
+/// at once with [`crate::ErrorKind::Cancelled`] without trying; `try_acquire` ignores it.
 #[derive(Clone, Default)]
 pub struct CancelToken {
     cancelled: Arc<AtomicBool>,

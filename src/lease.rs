@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::backend::{self, Backend, Call, Exec, Lane};
+use crate::backend::{self, Backend, Call, Exec, Lane, Replicas};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::process;
@@ -59,6 +59,8 @@ pub(crate) struct Lease {
     /// The process that acquired the lock; after `fork()` the child must not touch it.
     process: u64,
     on_lost: Option<LostCallback>,
+    /// Replicas that must acknowledge each extend.
+    replicas: Option<Replicas>,
     state: Mutex<LeaseState>,
     /// Held while an extend or a renewal is in flight; `true` once closed by a release.
     gate: Mutex<bool>,
@@ -128,6 +130,7 @@ impl Lease {
             fencing_token,
             process: process::generation(),
             on_lost,
+            replicas: None,
             state: Mutex::new(LeaseState {
                 ttl,
                 leased,
@@ -140,6 +143,12 @@ impl Lease {
             }),
             gate: Mutex::new(false),
         }
+    }
+
+    /// Makes every extend and renewal wait for `replicas` to acknowledge it.
+    pub fn with_replicas(mut self, replicas: Option<Replicas>) -> Self {
+        self.replicas = replicas;
+        self
     }
 
     /// Takes the gate for an extend or a renewal; `None` once a release closed it.
@@ -305,11 +314,12 @@ impl Lease {
                 return Ok(Extended::Lost(LostReason::Unreachable));
             }
         }
-        let call = Call::script(
+        let mut calls = vec![Call::script(
             &scripts::EXTEND,
             &[&self.keys.lock],
             &[&self.token, &ttl_ms],
-        );
+        )];
+        calls.extend(self.replicas.map(|r| r.call()));
         let how = Exec {
             cutoff,
             ..self.backend.exec_on(lane)
@@ -317,14 +327,16 @@ impl Lease {
         let attempt_at = Instant::now();
         let result = self
             .backend
-            .run(&self.keys.lock, &[call], &how)
+            .run(&self.keys.lock, &calls, &how)
             .and_then(|replies| {
-                let value = replies
-                    .values
-                    .into_iter()
-                    .next()
-                    .unwrap_or(redis::Value::Nil);
-                Ok((backend::reply::<i64>(value)?, replies.sent_at))
+                let mut values = replies.values.into_iter();
+                let extended = backend::reply::<i64>(values.next().unwrap_or(redis::Value::Nil))?;
+                if let (1, Some(replicas)) = (extended, &self.replicas) {
+                    // Extended on the primary but not known to the replicas: the previous
+                    // deadline stays (the server's new expiry is only later).
+                    replicas.check(values.next(), "extending")?;
+                }
+                Ok((extended, replies.sent_at))
             });
         let mut s = self.state();
         match result {

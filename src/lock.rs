@@ -8,7 +8,7 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 
 use crate::acquire::Acquire;
-use crate::backend::Lane;
+use crate::backend::{Lane, Replicas};
 use crate::cancel::{CancelToken, InterruptHook, Watch};
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
@@ -34,6 +34,7 @@ pub struct LockBuilder<'a> {
     on_lost: Option<LostCallback>,
     cancel: Option<CancelToken>,
     on_interrupt: Option<InterruptHook>,
+    replicas: Option<(u32, Duration)>,
 }
 
 impl<'a> LockBuilder<'a> {
@@ -46,6 +47,7 @@ impl<'a> LockBuilder<'a> {
             on_lost: None,
             cancel: None,
             on_interrupt: None,
+            replicas: None,
         }
     }
 
@@ -85,6 +87,20 @@ impl<'a> LockBuilder<'a> {
         self
     }
 
+    /// Replica acknowledgement: after the acquire and after every extend and renewal, wait
+    /// up to `timeout` for `count` replicas of the lock key's primary to acknowledge the
+    /// write (`WAIT count timeout`, on the same connection). An acquire too few replicas
+    /// acknowledged is rolled back and fails with [`ErrorKind::Replication`]; an extend
+    /// that too few acknowledged fails with it too and keeps the previous deadline; a
+    /// renewal that too few acknowledged counts as failed (retried until the deadline).
+    /// This narrows the window in which a failover to a replica that lacks the key lets a
+    /// second holder in; it does not close it (`WAIT` does not make Redis strongly
+    /// consistent). `count` 0 turns it off.
+    pub fn min_replicas(mut self, count: u32, timeout: Duration) -> Self {
+        self.replicas = Some((count, timeout));
+        self
+    }
+
     /// Tries once, without waiting.
     ///
     /// Errors: [`ErrorKind::Busy`] when another owner holds the lock; connection, timeout,
@@ -117,6 +133,18 @@ impl<'a> LockBuilder<'a> {
         let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
         let keys = LockKeys::new(&inner.options.key_prefix, self.name)?;
         let token = token::new_token(&inner.owner_label);
+        let replicas = match self.replicas {
+            None | Some((0, _)) => None,
+            Some((count, timeout)) => {
+                if timeout < Duration::from_millis(1) || timeout > crate::MAX_TTL {
+                    return Err(Error::invalid(format!(
+                        "the replica acknowledgement timeout must be 1 ms to {:?}, got {timeout:?}",
+                        crate::MAX_TTL
+                    )));
+                }
+                Some(Replicas { count, timeout })
+            }
+        };
         let watch = Watch::waiting(self.cancel, self.on_interrupt);
         if wait != Wait::No && watch.cancelled() {
             return Err(Error::new(ErrorKind::Cancelled, "the wait was cancelled"));
@@ -128,6 +156,7 @@ impl<'a> LockBuilder<'a> {
             ttl,
             wait,
             watch,
+            replicas,
         };
         let granted = acquire.run()?;
         let granted = acquire.settle(granted, self.renew)?;
@@ -140,7 +169,8 @@ impl<'a> LockBuilder<'a> {
             granted.lease,
             granted.sent_at,
             self.on_lost,
-        );
+        )
+        .with_replicas(replicas);
         LockGuard::start(lease, self.renew)
     }
 }

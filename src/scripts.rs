@@ -21,9 +21,8 @@
 
 use std::sync::LazyLock;
 
-/// How long a fencing counter lives. Expiry is safe: a missing counter is seeded from the
-/// server clock, which is above every token handed out before; so the counter is given its
-/// expiry once, when seeded, and never refreshed (one command less per acquisition).
+/// How long a fencing counter lives unused. Expiry is safe: tokens follow the server clock
+/// anyway (see `NEXT_FENCE`).
 pub(crate) const FENCE_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// Shortest claim lease of a grant, ms: enough for a blocked waiter, which takes its grant
@@ -43,19 +42,19 @@ impl Lua {
     }
 }
 
-/// `next_fence(key, expiry_ms)`: the next fencing token of a lock. A missing counter (first
-/// use, expiry, or a restart without persistence) is seeded with the server time in
-/// microseconds, so tokens keep increasing across such a loss as long as the server clock
-/// does not step backwards.
+/// `next_fence(key, expiry_ms)`: the next fencing token of a lock: the larger of the last
+/// one plus one and the server's clock in microseconds (a hybrid logical clock). So tokens
+/// strictly increase on one server, and also across a loss of the counter (a restart
+/// without persistence, an expiry) or a failover to a replica that missed its last writes,
+/// as long as the new server's clock is not behind the old one's by more than the time
+/// between the last token issued before and the first after (seconds, for a failover).
+/// The counter's expiry is refreshed with each token.
 const NEXT_FENCE: &str = r"
 local function next_fence(key, expiry_ms)
-  local fence = redis.call('INCR', key)
-  if fence == 1 then
-    local now = redis.call('TIME')
-    local seeded = now[1] .. string.format('%06d', tonumber(now[2]))
-    redis.call('SET', key, seeded, 'PX', expiry_ms)
-    fence = tonumber(seeded)
-  end
+  local now = redis.call('TIME')
+  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local fence = math.max(tonumber(redis.call('GET', key) or '0') + 1, clock)
+  redis.call('SET', key, string.format('%.0f', fence), 'PX', expiry_ms)
   return fence
 end
 ";

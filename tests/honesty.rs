@@ -388,7 +388,13 @@ fn a_ca_file_that_is_not_a_regular_file_is_refused_at_once() {
             let mut opts = std::mem::MaybeUninit::<lock_client_options_t>::uninit();
             // SAFETY: valid pointers to a local struct and strings that outlive the calls.
             unsafe {
-                assert_eq!(lock_client_options_init(opts.as_mut_ptr()), LOCK_OK);
+                assert_eq!(
+                    lock_client_options_init(
+                        opts.as_mut_ptr(),
+                        std::mem::size_of::<lock_client_options_t>()
+                    ),
+                    LOCK_OK
+                );
                 let mut opts = opts.assume_init();
                 opts.tls_ca_cert_file = path.as_ptr();
                 let mut client = 0;

@@ -126,6 +126,40 @@ impl ScriptArg for u8 {
     }
 }
 
+/// Replica acknowledgement asked for a lock: `WAIT n timeout` after each write that may
+/// grant or extend it, on the same connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Replicas {
+    pub count: u32,
+    pub timeout: Duration,
+}
+
+impl Replicas {
+    /// The `WAIT` call (its reply may take the timeout).
+    pub fn call(&self) -> Call {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.count)
+            .arg(self.timeout.as_millis().max(1) as u64);
+        Call::blocking(&wait, self.timeout)
+    }
+
+    /// Fails with [`ErrorKind::Replication`] unless the `WAIT` reply counts enough replicas.
+    pub fn check(&self, value: Option<Value>, doing: &str) -> Result<()> {
+        let acked: i64 = reply(value.unwrap_or(Value::Nil))?;
+        if acked >= i64::from(self.count) {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::Replication,
+                format!(
+                    "{doing}: {acked} of the {} replicas asked for acknowledged the write within {:?}",
+                    self.count, self.timeout
+                ),
+            ))
+        }
+    }
+}
+
 /// Which connections a request may use (see [`crate::pool`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lane {

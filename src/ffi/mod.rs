@@ -51,14 +51,15 @@ pub type lock_lost_cb =
 /// Called on the acquiring thread while a `lock_acquire_opts` blocks: when a signal
 /// interrupts the wait, and also every 200 ms (a signal that arrives between two waits is
 /// seen at the next check), with no argument saying which. So it should look at a flag of
-/// its own (set by your signal handler) and return true to cancel the acquire
-/// (`LOCK_CANCELLED`), false to go on waiting. Must not call into this library.
-pub type lock_interrupt_cb = Option<unsafe extern "C" fn(user_data: *mut c_void) -> bool>;
+/// its own (set by your signal handler) and return nonzero to cancel the acquire
+/// (`LOCK_CANCELLED`), 0 to go on waiting. It may call `lock_cancel` and `lock_cancel_all`,
+/// no other function of this library, and must not block.
+pub type lock_interrupt_cb = Option<unsafe extern "C" fn(user_data: *mut c_void) -> i32>;
 
-/// Client options. Fill with `lock_client_options_init` (which sets `size`), then change
-/// what you need. The struct may gain fields at its end in later versions: a program built
-/// against an older header passes its smaller `size`, and the new fields keep their
-/// defaults.
+/// Client options. Fill with `lock_client_options_init(&opts, sizeof opts)` (which sets
+/// `size`), then change what you need. The struct may gain fields at its end in later
+/// versions: a program built against an older header passes its smaller size, and the
+/// new fields keep their defaults.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct lock_client_options_t {
@@ -82,8 +83,9 @@ pub struct lock_client_options_t {
     pub tls_ca_cert_file: *const c_char,
 }
 
-/// Acquire options. Fill with `lock_acquire_options_init` (which sets `size`), then change
-/// what you need. May gain fields at its end, as `lock_client_options_t`.
+/// Acquire options. Fill with `lock_acquire_options_init(&opts, sizeof opts)` (which sets
+/// `size`), then change what you need. May gain fields at its end, as
+/// `lock_client_options_t`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct lock_acquire_options_t {
@@ -131,14 +133,53 @@ fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
 }
 
-/// Fills `opts` with the defaults. Returns `LOCK_ERR_ARGUMENT` for NULL.
+/// Fills `opts` with the defaults: pass `sizeof *opts` as `size`, so that a library newer
+/// than your header (whose struct has more fields) writes only the fields you have, and
+/// sets `opts->size`. Errors: `LOCK_ERR_ARGUMENT` for NULL or a size that is not the size
+/// of a version of the struct.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn lock_client_options_init(opts: *mut lock_client_options_t) -> i32 {
-    boundary(|| {
-        let out = unsafe { Out::new(opts, "opts") }?;
-        out.write(default_client_options());
-        Ok(())
+pub unsafe extern "C" fn lock_client_options_init(
+    opts: *mut lock_client_options_t,
+    size: usize,
+) -> i32 {
+    boundary(|| unsafe {
+        init_sized(
+            opts,
+            size,
+            default_client_options(),
+            &client_options_sizes(),
+            "opts",
+        )
     })
+}
+
+/// Writes the first `size` bytes of `defaults`, with its size field set to `size`.
+///
+/// # Safety
+/// `opts` is NULL or valid for writing `size` bytes.
+unsafe fn init_sized<T: Copy>(
+    opts: *mut T,
+    size: usize,
+    mut defaults: T,
+    sizes: &[usize],
+    what: &str,
+) -> Result<(), Failure> {
+    if opts.is_null() {
+        return Err(Failure::argument(format!("{what} is NULL")));
+    }
+    if !sizes.contains(&size) {
+        return Err(Failure::argument(format!(
+            "size {size} is not the size of any version of the struct: pass sizeof *{what}"
+        )));
+    }
+    // SAFETY: every options struct begins with its size_t size (repr(C)).
+    unsafe { (&raw mut defaults).cast::<usize>().write(size) };
+    // SAFETY: `opts` is valid for `size` bytes (caller's contract), `size` is at most the
+    // size of `T` (it is one of `sizes`), and the two do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping((&raw const defaults).cast::<u8>(), opts.cast::<u8>(), size)
+    };
+    Ok(())
 }
 
 /// The sizes of every version of `lock_client_options_t`: each prefix ending after a field.
@@ -286,14 +327,22 @@ pub extern "C" fn lock_client_close(client: lock_client_t) -> i32 {
     })
 }
 
-/// Fills `opts` with the defaults (renewal on, no callback). Returns `LOCK_ERR_ARGUMENT`
-/// for NULL.
+/// Fills `opts` with the defaults (renewal on, no callback, no cancel handle): pass
+/// `sizeof *opts` as `size` (see `lock_client_options_init`). Errors: `LOCK_ERR_ARGUMENT`
+/// for NULL or a size that is not the size of a version of the struct.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn lock_acquire_options_init(opts: *mut lock_acquire_options_t) -> i32 {
-    boundary(|| {
-        let out = unsafe { Out::new(opts, "opts") }?;
-        out.write(default_acquire_options());
-        Ok(())
+pub unsafe extern "C" fn lock_acquire_options_init(
+    opts: *mut lock_acquire_options_t,
+    size: usize,
+) -> i32 {
+    boundary(|| unsafe {
+        init_sized(
+            opts,
+            size,
+            default_acquire_options(),
+            &acquire_options_sizes(),
+            "opts",
+        )
     })
 }
 
@@ -377,7 +426,7 @@ pub unsafe extern "C" fn lock_acquire_opts(
                 let user_data = UserData(opts.interrupt_user_data);
                 // SAFETY: the caller promised a callable function; it runs on this thread,
                 // during this call.
-                builder = builder.on_interrupt(move || unsafe { hook(user_data.get()) });
+                builder = builder.on_interrupt(move || unsafe { hook(user_data.get()) } != 0);
             }
             let guard = match wait_ms {
                 0 => builder.try_acquire(),

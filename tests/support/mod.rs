@@ -2,6 +2,7 @@
 //! a temporary directory, killed by its pid on drop (its log is printed if the test failed).
 #![allow(dead_code)]
 
+pub mod deploy;
 pub mod proxy;
 
 use std::net::TcpListener;
@@ -15,6 +16,9 @@ pub struct RedisServer {
     pub dir: tempfile::TempDir,
     args: Vec<String>,
     unix: bool,
+    /// Contents of a config file given first on the command line (Sentinels need one).
+    config: Option<String>,
+    sentinel: bool,
 }
 
 fn server_bin() -> String {
@@ -46,6 +50,27 @@ impl RedisServer {
     }
 
     fn launch(extra: &[&str], unix: bool) -> Self {
+        Self::launch_full(extra, unix, None, false)
+    }
+
+    /// A Sentinel monitoring the primary on `primary_port` as `master`, with a short
+    /// down-after time.
+    pub fn start_sentinel(
+        master: &str,
+        primary_port: u16,
+        quorum: u32,
+        down_after_ms: u64,
+    ) -> Self {
+        let config = format!(
+            "sentinel monitor {master} 127.0.0.1 {primary_port} {quorum}\n\
+             sentinel down-after-milliseconds {master} {down_after_ms}\n\
+             sentinel failover-timeout {master} 10000\n\
+             sentinel parallel-syncs {master} 2\n"
+        );
+        Self::launch_full(&[], false, Some(config), true)
+    }
+
+    fn launch_full(extra: &[&str], unix: bool, config: Option<String>, sentinel: bool) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut server = RedisServer {
             child: None,
@@ -53,6 +78,8 @@ impl RedisServer {
             dir,
             args: extra.iter().map(|s| s.to_string()).collect(),
             unix,
+            config,
+            sentinel,
         };
         server.spawn_on(if unix { 0 } else { free_port() });
         server
@@ -79,11 +106,23 @@ impl RedisServer {
 
     fn spawn(&mut self, port: u16) {
         let mut cmd = Command::new(server_bin());
+        if let Some(config) = &self.config {
+            let path = self.dir.path().join("redis.conf");
+            if !path.exists() {
+                std::fs::write(&path, config).expect("write the config file");
+            }
+            cmd.arg(&path);
+            if self.sentinel {
+                cmd.arg("--sentinel");
+            }
+        }
         cmd.arg("--port")
             .arg(port.to_string())
             .arg("--bind")
             .arg("127.0.0.1")
             .args(["--save", "", "--appendonly", "no"])
+            // Replicas sync at once (the default waits 5 s for more replicas to join).
+            .args(["--repl-diskless-sync-delay", "0"])
             .arg("--dir")
             .arg(self.dir.path())
             .arg("--logfile")

@@ -79,14 +79,14 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
-    lock_client_options_init(&client_opts);
+    lock_client_options_init(&client_opts, sizeof client_opts);
     client_opts.key_prefix = "worker-example:";
     client_opts.io_timeout_ms = 1000;
     if (lock_client_open_opts(url, &client_opts, &client) != LOCK_OK) {
         fprintf(stderr, "worker: cannot open client: %s\n", lock_last_error());
         return 1;
     }
-    lock_acquire_options_init(&lock_opts);
+    lock_acquire_options_init(&lock_opts, sizeof lock_opts);
     lock_opts.on_lost = on_lost;
 
     printf("worker: redlease %s, processing jobs until SIGTERM\n", lock_version());

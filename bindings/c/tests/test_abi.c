@@ -68,7 +68,7 @@ static void test_expired_lease_does_not_touch_next_holder(void) {
     char token_b[LOCK_TOKEN_MAX], stored[LOCK_TOKEN_MAX];
     const char *get[2] = {"GET", "c:timeline"};
 
-    CHECK_STATUS(lock_acquire_options_init(&fixed), LOCK_OK);
+    CHECK_STATUS(lock_acquire_options_init(&fixed, sizeof fixed), LOCK_OK);
     fixed.renew = false;
     CHECK_STATUS(lock_acquire_opts(client, "c:timeline", 150, 0, &fixed, &a), LOCK_OK);
     sleep_ms(400);
@@ -119,7 +119,7 @@ static void test_lost_callback(void) {
     memset(&rec, 0, sizeof rec);
     pthread_mutex_init(&rec.mutex, NULL);
     pthread_cond_init(&rec.cond, NULL);
-    CHECK_STATUS(lock_acquire_options_init(&opts), LOCK_OK);
+    CHECK_STATUS(lock_acquire_options_init(&opts, sizeof opts), LOCK_OK);
     opts.on_lost = on_lost;
     opts.user_data = &rec;
     CHECK_STATUS(lock_acquire_opts(client, "c:lost", 300, 0, &opts, &lock), LOCK_OK);
@@ -165,15 +165,15 @@ static void test_bad_input(void) {
     CHECK_STATUS(lock_client_open("redis://127.0.0.1:1/notadb", &other), LOCK_ERR_ARGUMENT);
     CHECK_STATUS(lock_client_open("redis://\xff\xfe", &other), LOCK_ERR_ARGUMENT);
     CHECK(other == 0);
-    CHECK_STATUS(lock_client_options_init(NULL), LOCK_ERR_ARGUMENT);
-    CHECK_STATUS(lock_client_options_init(&opts), LOCK_OK);
+    CHECK_STATUS(lock_client_options_init(NULL, sizeof(lock_client_options_t)), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_client_options_init(&opts, sizeof opts), LOCK_OK);
     CHECK_STATUS(lock_client_open_opts(url, NULL, &other), LOCK_ERR_ARGUMENT);
     opts.io_timeout_ms = 0;
     CHECK_STATUS(lock_client_open_opts(url, &opts, &other), LOCK_ERR_ARGUMENT);
-    CHECK_STATUS(lock_client_options_init(&opts), LOCK_OK);
+    CHECK_STATUS(lock_client_options_init(&opts, sizeof opts), LOCK_OK);
     opts.pool_size = 0;
     CHECK_STATUS(lock_client_open_opts(url, &opts, &other), LOCK_ERR_ARGUMENT);
-    CHECK_STATUS(lock_client_options_init(&opts), LOCK_OK);
+    CHECK_STATUS(lock_client_options_init(&opts, sizeof opts), LOCK_OK);
     opts.tls_ca_cert_file = "/nonexistent/ca.pem";
     CHECK_STATUS(lock_client_open_opts(url, &opts, &other), LOCK_ERR_ARGUMENT);
 
@@ -341,7 +341,7 @@ static void test_old_acquire_options_still_work(void) {
     CHECK(offsetof(old_acquire_options_t, user_data) ==
           offsetof(lock_acquire_options_t, user_data));
     CHECK(sizeof(old_acquire_options_t) < sizeof(lock_acquire_options_t));
-    CHECK_STATUS(lock_acquire_options_init(&fixed), LOCK_OK);
+    CHECK_STATUS(lock_acquire_options_init(&fixed, sizeof fixed), LOCK_OK);
     CHECK(fixed.size == sizeof(lock_acquire_options_t));
     CHECK(fixed.cancel == 0 && fixed.on_interrupt == NULL);
 
@@ -350,6 +350,20 @@ static void test_old_acquire_options_still_work(void) {
     old.renew = false;
     old.on_lost = NULL;
     old.user_data = NULL;
+
+    /* A program built against the old header fills its struct with the new library's
+     * init: only the old struct's bytes are written (on the heap at its exact size, so a
+     * write past it shows under ASan and valgrind), with the old defaults. */
+    exact = malloc(sizeof old);
+    CHECK(exact != NULL);
+    CHECK_STATUS(lock_acquire_options_init((lock_acquire_options_t *)exact, sizeof old), LOCK_OK);
+    CHECK(((old_acquire_options_t *)exact)->size == sizeof old);
+    CHECK(((old_acquire_options_t *)exact)->renew == true);
+    CHECK(((old_acquire_options_t *)exact)->on_lost == NULL);
+    free(exact);
+    /* A size no version of the struct ever had is refused. */
+    CHECK_STATUS(lock_acquire_options_init(&fixed, sizeof fixed + 8), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_acquire_options_init(&fixed, 12), LOCK_ERR_ARGUMENT);
 
     /* Exactly the old struct's bytes: the library reads no further, and takes renew=false
      * from it (the 150 ms lease is not renewed). */
@@ -421,7 +435,7 @@ static void test_old_client_options_still_work(void) {
     CHECK(offsetof(old_client_options_t, pool_wait_ms) ==
           offsetof(lock_client_options_t, pool_wait_ms));
     CHECK(sizeof(old_client_options_t) < sizeof(lock_client_options_t));
-    CHECK_STATUS(lock_client_options_init(&opts), LOCK_OK);
+    CHECK_STATUS(lock_client_options_init(&opts, sizeof opts), LOCK_OK);
     CHECK(opts.size == sizeof(lock_client_options_t));
 
     memset(&old, 0, sizeof old);
@@ -465,7 +479,7 @@ static void test_options_size_is_checked(void) {
 
     for (i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         memset(&roomy, 0, sizeof roomy);
-        CHECK_STATUS(lock_acquire_options_init(&roomy.u.acquire), LOCK_OK);
+        CHECK_STATUS(lock_acquire_options_init(&roomy.u.acquire, sizeof roomy.u.acquire), LOCK_OK);
         roomy.u.acquire.size = sizes[i];
         lock = untouched;
         CHECK_STATUS(lock_acquire_opts(client, "c:size", 10000, 0, &roomy.u.acquire, &lock),
@@ -477,7 +491,7 @@ static void test_options_size_is_checked(void) {
 
     for (i = 0; i < sizeof client_sizes / sizeof client_sizes[0]; i++) {
         memset(&roomy, 0, sizeof roomy);
-        CHECK_STATUS(lock_client_options_init(&roomy.u.client), LOCK_OK);
+        CHECK_STATUS(lock_client_options_init(&roomy.u.client, sizeof roomy.u.client), LOCK_OK);
         roomy.u.client.size = client_sizes[i];
         other = (lock_client_t)untouched;
         CHECK_STATUS(lock_client_open_opts(url, &roomy.u.client, &other), LOCK_ERR_ARGUMENT);
@@ -485,7 +499,7 @@ static void test_options_size_is_checked(void) {
     }
 
     /* The real size works, of course. */
-    CHECK_STATUS(lock_acquire_options_init(&roomy.u.acquire), LOCK_OK);
+    CHECK_STATUS(lock_acquire_options_init(&roomy.u.acquire, sizeof roomy.u.acquire), LOCK_OK);
     lock = 0;
     CHECK_STATUS(lock_acquire_opts(client, "c:size", 10000, 0, &roomy.u.acquire, &lock),
                  LOCK_OK);
@@ -509,7 +523,7 @@ static void test_new_statuses_ttl_floor_and_reserved_names(void) {
     /* The shortest ttl is 10 ms. */
     CHECK_STATUS(lock_acquire(client, "c:ttl-floor", 9, 0, &lock), LOCK_ERR_ARGUMENT);
     CHECK(lock == 0);
-    CHECK_STATUS(lock_acquire_options_init(&fixed), LOCK_OK);
+    CHECK_STATUS(lock_acquire_options_init(&fixed, sizeof fixed), LOCK_OK);
     fixed.renew = false;
     CHECK_STATUS(lock_acquire_opts(client, "c:ttl-floor", 10, 0, &fixed, &lock), LOCK_OK);
     status = lock_release(lock); /* the 10 ms lease may be over already */

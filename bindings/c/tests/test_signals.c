@@ -340,7 +340,7 @@ static void test_cancel_handle_ends_blocked_acquires(void) {
     CHECK_STATUS(lock_acquire(client, "c:cancel", 10000, 0, &holder), LOCK_OK);
     CHECK_STATUS(lock_cancel_new(&cancel), LOCK_OK);
     CHECK(cancel != 0);
-    CHECK_STATUS(lock_acquire_options_init(&opts), LOCK_OK);
+    CHECK_STATUS(lock_acquire_options_init(&opts, sizeof opts), LOCK_OK);
     opts.cancel = cancel;
 
     /* Two acquires blocked with the same handle; one lock_cancel ends both. */
@@ -505,7 +505,7 @@ struct interrupt_record {
 };
 
 /* Runs on the acquiring thread, outside the signal handler; calls nothing of the library. */
-static bool on_interrupt(void *user_data) {
+static int32_t on_interrupt(void *user_data) {
     struct interrupt_record *r = user_data;
     pthread_t self = pthread_self();
     if (r->calls == 0) {
@@ -514,7 +514,7 @@ static bool on_interrupt(void *user_data) {
         r->other_thread = true;
     }
     r->calls++;
-    return r->cancel_after_signal && usr1_handled > 0;
+    return (r->cancel_after_signal && usr1_handled > 0) ? 1 : 0;
 }
 
 static void test_on_interrupt_can_cancel_a_wait(void) {
@@ -529,7 +529,7 @@ static void test_on_interrupt_can_cancel_a_wait(void) {
     usr1_handled = 0;
     memset(&rec, 0, sizeof rec);
     rec.cancel_after_signal = true;
-    CHECK_STATUS(lock_acquire_options_init(&opts), LOCK_OK);
+    CHECK_STATUS(lock_acquire_options_init(&opts, sizeof opts), LOCK_OK);
     opts.on_interrupt = on_interrupt;
     opts.interrupt_user_data = &rec;
 
@@ -571,7 +571,7 @@ static void test_on_interrupt_returning_false_lets_the_wait_go_on(void) {
     install(SIGUSR1, on_usr1, 0);
     usr1_handled = 0;
     memset(&rec, 0, sizeof rec);
-    CHECK_STATUS(lock_acquire_options_init(&opts), LOCK_OK);
+    CHECK_STATUS(lock_acquire_options_init(&opts, sizeof opts), LOCK_OK);
     opts.on_interrupt = on_interrupt;
     opts.interrupt_user_data = &rec;
     CHECK_STATUS(lock_acquire(client, "c:no-interrupt", 10000, 0, &holder), LOCK_OK);

@@ -11,22 +11,32 @@ contend for the same locks with exactly the same semantics::
 
     lk = client.acquire("lock:order:1001", ttl=30.0, wait=0.0)   # raises LockBusyError
     lk.release()   # True: released; False: it had already been lost
+
+    async with client.lock_async("lock:order:1001", wait=5.0) as lk:   # asyncio
+        ...
     client.close()
 
-Blocking calls release the GIL. The library is found through ``REDLEASE_LIB`` (a path),
-then the copy bundled in this package, then the repository's ``target/`` folders.
+Blocking calls release the GIL. Ctrl-C interrupts a blocked acquire on the main thread; a
+:class:`CancelToken` ends one from another thread, and :func:`cancel_all` ends them all
+(for shutting down). Nothing is held after an acquire that raised. The library is found
+through ``REDLEASE_LIB`` (a path), then the copy bundled in this package, then the
+repository's ``target/`` folders.
 """
 
+from ._async import AsyncLock
+from ._cancel import CancelToken, cancel_all, reset_cancel_all
 from ._client import LOST_REASONS, Client, Lock
 from ._errors import (
     InternalError,
     InvalidArgumentError,
     InvalidHandleError,
     LockBusyError,
+    LockCancelledError,
     LockNotHeldError,
     RedisConnectionError,
     RedisServerError,
     RedleaseError,
+    ReplicationError,
 )
 from ._native import version
 
@@ -35,14 +45,20 @@ __version__ = "0.1.0"
 __all__ = [
     "Client",
     "Lock",
+    "AsyncLock",
+    "CancelToken",
+    "cancel_all",
+    "reset_cancel_all",
     "LOST_REASONS",
     "RedleaseError",
     "LockBusyError",
     "LockNotHeldError",
+    "LockCancelledError",
     "RedisConnectionError",
     "RedisServerError",
     "InvalidArgumentError",
     "InvalidHandleError",
     "InternalError",
+    "ReplicationError",
     "version",
 ]

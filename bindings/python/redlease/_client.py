@@ -1,112 +1,161 @@
-"""Client and Lock: thin wrappers over the C ABI (no lock logic lives here)."""
+"""Client and Lock: thin wrappers over the C ABI.
 
+No lock logic lives here: the library decides who holds a lock. This module converts
+arguments, keeps the bookkeeping that ties a Python object to its C handle, and makes that
+bookkeeping safe for threads and signals.
+"""
+
+import ctypes
 import logging
-import math
 import os
+import signal
 import threading
+import time
 import weakref
-from ctypes import byref, c_bool, c_uint64
-from typing import Callable, Optional, Union
+from ctypes import byref, c_bool, c_int, c_uint64
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
-from . import _native
-from ._errors import LOCK_NOT_HELD, InvalidArgumentError, InvalidHandleError, LockNotHeldError
+from . import _args, _native
+from ._args import Key
+from ._cancel import CancelToken, is_cancelled
+from ._errors import (
+    LOCK_NOT_HELD,
+    InvalidArgumentError,
+    InvalidHandleError,
+    LockBusyError,
+    LockCancelledError,
+    LockNotHeldError,
+)
 from ._native import LOCK_TOKEN_MAX, UINT64_MAX, lib
+
+if TYPE_CHECKING:
+    from ._async import AsyncLock
 
 log = logging.getLogger("redlease")
 
-Key = Union[str, bytes]
 LostHandler = Callable[["Lock", str], None]
 
 #: Reasons given to ``on_lost`` handlers and kept in :attr:`Lock.lost_reason`.
 LOST_REASONS = {1: "not_held", 2: "unreachable"}
 
-# Held locks by C handle, for the one lost-lock callback shared by all of them. Weak
-# references: a Lock dropped while held is collected (and released) at once.
-_LIVE: "dict[int, weakref.ref[Lock]]" = {}
-# Losses reported before their Lock was registered.
-_EARLY_LOSS: "dict[int, str]" = {}
-_LOSS_LOCK = threading.Lock()
+# The bookkeeping of held locks. _LIVE maps each held C handle to its Lock (weakly: a Lock
+# dropped while held is collected, and released, at once), for the one lost-lock callback
+# shared by all locks. _EARLY_LOSS keeps losses reported before their handle was registered.
+# _REGISTRY guards both and the handle fields of every Lock. Never call the library or user
+# code while holding it (the library's lost-lock callback takes it), and never take it in a
+# finaliser (a finaliser may run while this thread holds it).
+_LIVE: Dict[int, "weakref.ref[Lock]"] = {}
+_EARLY_LOSS: Dict[int, str] = {}
+_REGISTRY = threading.Lock()
+
+# How often a thread waiting for another thread's holding of the same Lock object checks
+# whether its wait was cancelled.
+_GATE_SLICE = 0.05
 
 
 def _lost_from_c(handle: int, reason: int, _user_data: object) -> None:
     why = LOST_REASONS.get(reason, "unknown")
-    with _LOSS_LOCK:
+    with _REGISTRY:
         ref = _LIVE.get(handle)
         lk = ref() if ref is not None else None
         if lk is None:
             _EARLY_LOSS[handle] = why
     if lk is not None:
-        lk._lost(why)
+        lk._lost(handle, why)
 
 
 # One C callback for every lock (kept alive for the life of the module).
 _on_lost_from_c = _native.LOST_CALLBACK(_lost_from_c)
 
+# PyErr_CheckSignals runs Python's signal handlers (on the main thread only). Called through
+# ctypes.pythonapi, which keeps the GIL. Missing where there is no C API (PyPy): a blocked
+# acquire then cannot be interrupted.
+_check_signals: Optional[Callable[[], int]] = None
+if hasattr(ctypes, "pythonapi"):
+    _pyerr_check_signals = ctypes.pythonapi.PyErr_CheckSignals
+    _pyerr_check_signals.restype = c_int
+    _pyerr_check_signals.argtypes = []
+    _check_signals = _pyerr_check_signals
 
-def _key_bytes(key: Key) -> bytes:
-    """A lock name as the UTF-8 bytes the C ABI takes. ``bytes`` must be valid UTF-8."""
-    if isinstance(key, str):
-        data = key.encode("utf-8", "surrogatepass")
+_SIGNALS = sorted(signal.valid_signals()) if hasattr(signal, "valid_signals") else []
+SignalHandler = Callable[[int, Optional[FrameType]], Any]
+
+
+class _SignalCatcher:
+    """Lets signals interrupt a blocked acquire on the main thread: the acquire's
+    ``on_interrupt``, and the signal handlers in force during the C call.
+
+    The library calls :meth:`on_interrupt` on the acquiring thread when a signal interrupts
+    the wait, and at least every 200 ms while it blocks. It runs Python's signal handlers;
+    when one raises (``KeyboardInterrupt`` for Ctrl-C), the exception is kept, the acquire is
+    cancelled, and the exception is raised once the C call has returned. A handler that
+    returns (a signal not meant to stop anything) lets the wait go on.
+
+    An exception must never leave a ctypes callback: ctypes would print and drop it, and
+    hand the library an undefined return value. Catching it inside the callback is not
+    enough, because the interpreter also runs pending signal handlers on entry to every
+    Python function, before any ``try`` in it. So while the C call runs, every Python-level
+    signal handler is replaced by a wrapper that runs it and keeps what it raised, and the
+    originals are put back afterwards (unless a handler replaced them meanwhile).
+    """
+
+    def __init__(self) -> None:
+        self.exception: Optional[BaseException] = None
+        self.callback = _native.INTERRUPT_CALLBACK(self._on_interrupt)
+        self._installed: List[Tuple[int, SignalHandler, SignalHandler]] = []
+
+    def _on_interrupt(self, _user_data: object) -> int:
         try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidArgumentError("the key contains lone surrogates (not valid UTF-8)") from None
-    elif isinstance(key, (bytes, bytearray, memoryview)):
-        data = bytes(key)
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidArgumentError("a bytes key must be valid UTF-8") from None
-    else:
-        raise InvalidArgumentError(f"the key must be str or bytes, not {type(key).__name__}")
-    if not data:
-        raise InvalidArgumentError("the key is empty")
-    if b"\0" in data:
-        raise InvalidArgumentError("the key contains a NUL character")
-    return data
+            if self.exception is None and _check_signals is not None:
+                _check_signals()
+        except BaseException as exc:  # noqa: BLE001 - an async exception; raised after the call
+            self._keep(exc)
+        return 1 if self.exception is not None else 0
+
+    def _keep(self, exc: BaseException) -> None:
+        if self.exception is None:
+            self.exception = exc
+
+    def _wrap(self, handler: SignalHandler) -> SignalHandler:
+        def run_handler(signum: int, frame: Optional[FrameType]) -> None:
+            try:
+                handler(signum, frame)
+            except BaseException as exc:  # noqa: BLE001 - raised after the C call
+                self._keep(exc)
+
+        return run_handler
+
+    def install(self) -> bool:
+        """Wraps the Python-level signal handlers; False when there are none (nothing can
+        interrupt the wait, so no ``on_interrupt`` is needed)."""
+        for signum in _SIGNALS:
+            handler = signal.getsignal(signum)
+            if not callable(handler):
+                continue  # SIG_DFL, SIG_IGN, or a handler installed from C
+            wrapper = self._wrap(handler)
+            try:
+                signal.signal(signum, wrapper)
+            except (OSError, ValueError):  # not settable here (another interpreter, ...)
+                continue
+            self._installed.append((signum, handler, wrapper))
+        return bool(self._installed)
+
+    def uninstall(self) -> None:
+        """Puts the original handlers back, unless a handler replaced them meanwhile."""
+        while self._installed:
+            signum, handler, wrapper = self._installed.pop()
+            if signal.getsignal(signum) is wrapper:
+                signal.signal(signum, handler)
+
+    def take(self) -> Optional[BaseException]:
+        """What a signal handler raised during the call, if anything (once)."""
+        exc, self.exception = self.exception, None
+        return exc
 
 
-def _seconds(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgumentError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    value = float(value)
-    if math.isnan(value) or value < 0:
-        raise InvalidArgumentError(f"{what} must be a non-negative number of seconds, got {value}")
-    return value
-
-
-def _ttl_ms(ttl: object, what: str = "ttl") -> int:
-    """A positive duration in whole milliseconds (at least 1 ms)."""
-    seconds = _seconds(ttl, what)
-    if math.isinf(seconds) or seconds * 1000 >= UINT64_MAX:
-        raise InvalidArgumentError(f"{what} is too long: {seconds}")
-    ms = int(seconds * 1000)
-    if ms < 1:
-        raise InvalidArgumentError(f"{what} must be at least 0.001 s, got {seconds}")
-    return ms
-
-
-def _wait_ms(wait: Optional[float]) -> int:
-    """0: try once; None or inf: wait as long as it takes; otherwise milliseconds, rounded up."""
-    if wait is None:
-        return UINT64_MAX
-    seconds = _seconds(wait, "wait")
-    if math.isinf(seconds):
-        return UINT64_MAX
-    ms = math.ceil(seconds * 1000)
-    if ms >= UINT64_MAX:
-        raise InvalidArgumentError(f"wait is too long: {seconds}")
-    return ms
-
-
-def _opt_str(value: Optional[str], what: str) -> Optional[bytes]:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise InvalidArgumentError(f"{what} must be a str")
-    if "\0" in value:
-        raise InvalidArgumentError(f"{what} contains a NUL character")
-    return value.encode("utf-8")
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 class Client:
@@ -115,6 +164,14 @@ class Client:
     ``url``: ``redis://[user:pass@]host[:port][/db]``, ``rediss://...`` (TLS) or
     ``redis+unix:///path?db=N&user=U&pass=P``. Timeouts are seconds. Nothing connects until
     the first lock is taken. Use as a context manager, or call :meth:`close`.
+
+    Options: ``connect_timeout`` and ``io_timeout`` (default 2 s each), ``pool_size``
+    (connections the calling threads may use at once, and waiters that may block on the
+    server at once; default 32), ``pool_wait`` (longest wait for a pooled connection;
+    0 does not wait; default 2 s), ``key_prefix`` (put before every key), ``owner_label``
+    (appended to tokens; default host/pid), ``tls_ca_cert_file`` (a PEM CA for ``rediss://``).
+
+    Raises :class:`InvalidArgumentError` for a bad URL or option.
     """
 
     def __init__(
@@ -127,33 +184,30 @@ class Client:
         pool_wait: Optional[float] = None,
         key_prefix: Optional[str] = None,
         owner_label: Optional[str] = None,
-        tls_ca_cert_file: Optional[str] = None,
+        tls_ca_cert_file: "Optional[Union[str, os.PathLike[str]]]" = None,
     ) -> None:
         self._handle = 0
+        self._url = "?"
         self._pid = os.getpid()
+        self._close_lock = threading.Lock()
         if not isinstance(url, str):
             raise InvalidArgumentError(f"url must be a str, not {type(url).__name__}")
-        opts = _native.ClientOptions()
-        _native.check(lib.lock_client_options_init(byref(opts)))
+        url_bytes = _args.utf8(url, "url")
+        opts = _native.client_options()
         if connect_timeout is not None:
-            opts.connect_timeout_ms = _ttl_ms(connect_timeout, "connect_timeout")
+            opts.connect_timeout_ms = _args.duration_ms(connect_timeout, "connect_timeout")
         if io_timeout is not None:
-            opts.io_timeout_ms = _ttl_ms(io_timeout, "io_timeout")
+            opts.io_timeout_ms = _args.duration_ms(io_timeout, "io_timeout")
         if pool_wait is not None:
-            opts.pool_wait_ms = _wait_ms(_seconds(pool_wait, "pool_wait"))
+            opts.pool_wait_ms = _args.duration_ms(pool_wait, "pool_wait")
         if pool_size is not None:
-            if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not 0 < pool_size < 2**32:
-                raise InvalidArgumentError("pool_size must be a positive int")
-            opts.pool_size = pool_size
-        # Keep the encoded strings alive for the duration of the call.
-        strings = [
-            _opt_str(key_prefix, "key_prefix"),
-            _opt_str(owner_label, "owner_label"),
-            _opt_str(tls_ca_cert_file, "tls_ca_cert_file"),
-        ]
-        opts.key_prefix, opts.owner_label, opts.tls_ca_cert_file = strings
+            opts.pool_size = _args.positive_int(pool_size, "pool_size", 2**32)
+        # The structure keeps the encoded strings alive for the duration of the call.
+        opts.key_prefix = _args.opt_str(key_prefix, "key_prefix")
+        opts.owner_label = _args.opt_str(owner_label, "owner_label")
+        opts.tls_ca_cert_file = _args.opt_path(tls_ca_cert_file, "tls_ca_cert_file")
         handle = _native.lock_client_t()
-        _native.check(lib.lock_client_open_opts(_opt_str(url, "url"), byref(opts), byref(handle)))
+        _native.check(lib.lock_client_open_opts(url_bytes, byref(opts), byref(handle)))
         self._handle = handle.value
         self._url = _native.read_string(lib.lock_client_url, self._handle)
 
@@ -170,13 +224,16 @@ class Client:
         *,
         renew: bool = True,
         on_lost: Optional[LostHandler] = None,
+        cancel: Optional[CancelToken] = None,
     ) -> "Lock":
         """A lock on ``key``, not yet acquired: use it in a ``with`` block (which acquires,
         waiting up to ``wait`` seconds, or as long as it takes for ``None``) or call
-        :meth:`Lock.acquire`. ``ttl`` is the lease in seconds, renewed every ttl/3 while
-        held unless ``renew`` is false. ``on_lost(lock, reason)`` runs on the renewal
-        thread if the lock is lost."""
-        return Lock(self, key, ttl, wait, renew=renew, on_lost=on_lost)
+        :meth:`Lock.acquire`. ``ttl`` is the lease in seconds (at least 0.01), renewed every
+        ttl/3 while held unless ``renew`` is false. ``on_lost(lock, reason)`` runs on the
+        renewal thread if the lock is lost. ``cancel.cancel()`` ends a blocked acquire.
+
+        Does not block. Raises :class:`InvalidArgumentError` for a bad argument."""
+        return Lock(self, key, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel)
 
     def acquire(
         self,
@@ -186,58 +243,108 @@ class Client:
         *,
         renew: bool = True,
         on_lost: Optional[LostHandler] = None,
+        cancel: Optional[CancelToken] = None,
     ) -> "Lock":
         """Acquires ``key`` and returns the held :class:`Lock`. Blocks up to ``wait`` seconds
-        (0: try once; ``None``: as long as it takes) without holding the GIL.
+        (0: try once; ``None``: as long as it takes) without holding the GIL; Ctrl-C on the
+        main thread interrupts it, and ``cancel.cancel()`` from another thread ends it.
 
-        Raises :class:`LockBusyError` when still held by another owner at the end."""
-        lk = self.lock(key, ttl, wait, renew=renew, on_lost=on_lost)
-        lk.acquire()
-        return lk
+        Raises :class:`LockBusyError` when still held by another owner at the end,
+        :class:`LockCancelledError` when cancelled, ``KeyboardInterrupt`` on Ctrl-C (nothing
+        is held after any of these), :class:`InvalidArgumentError` for a bad argument
+        (``ttl`` under 0.01 s, a key beginning with ``redlease:``, ...),
+        :class:`RedisConnectionError` or :class:`RedisServerError`."""
+        return self.lock(key, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel).acquire()
+
+    def lock_async(
+        self,
+        key: Key,
+        ttl: float = 30.0,
+        wait: Optional[float] = None,
+        *,
+        renew: bool = True,
+        on_lost: Optional[LostHandler] = None,
+    ) -> "AsyncLock":
+        """The asyncio face of :meth:`lock`: ``async with client.lock_async(key) as lk:``.
+        The blocking calls run in worker threads, and cancelling the task ends a blocked
+        acquire. Does not block."""
+        from ._async import AsyncLock
+
+        return AsyncLock(self.lock(key, ttl, wait, renew=renew, on_lost=on_lost))
+
+    async def acquire_async(
+        self,
+        key: Key,
+        ttl: float = 30.0,
+        wait: Optional[float] = None,
+        *,
+        renew: bool = True,
+        on_lost: Optional[LostHandler] = None,
+    ) -> "AsyncLock":
+        """The asyncio face of :meth:`acquire`: ``lk = await client.acquire_async(key)``.
+        Waits in a worker thread; cancelling the task ends the wait (``CancelledError``,
+        nothing held). Raises as :meth:`acquire`."""
+        return await self.lock_async(key, ttl, wait, renew=renew, on_lost=on_lost).acquire()
 
     def is_locked(self, key: Key) -> bool:
-        """Whether anyone holds ``key`` right now (one round trip)."""
+        """Whether anyone holds ``key`` right now. Blocks for one round trip."""
         out = c_bool()
-        _native.check(lib.lock_is_locked(self._handle, _key_bytes(key), byref(out)))
+        _native.check(lib.lock_is_locked(self.handle, _args.key_bytes(key), byref(out)))
         return out.value
 
     def close(self) -> None:
-        """Releases every lock still held from this client, then closes it. Idempotent."""
-        handle, self._handle = self._handle, 0
+        """Releases every lock still held from this client (blocking for those releases),
+        then closes it. Idempotent. The Lock objects of those locks then say they are not
+        held, and their ``release()`` raises :class:`InvalidHandleError`."""
+        with self._close_lock:
+            handle, self._handle = self._handle, 0
         if handle and self._pid == os.getpid():
             _native.check(lib.lock_client_close(handle))
 
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: object, tb: object) -> None:
         self.close()
 
     def __del__(self) -> None:
+        # Not through close(): a finaliser may run while this thread holds _close_lock.
+        handle, self._handle = getattr(self, "_handle", 0), 0
         try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            if handle and self._pid == os.getpid():
+                lib.lock_client_close(handle)
+        except Exception:  # noqa: BLE001 - never raise from a finaliser (interpreter exit)
             pass
 
     def __repr__(self) -> str:
         state = "open" if self._handle else "closed"
-        return f"<redlease.Client {getattr(self, '_url', '?')!r} {state}>"
+        return f"<redlease.Client {self._url!r} {state}>"
 
     @property
     def handle(self) -> int:
         """The C handle (for diagnostics). Raises :class:`InvalidHandleError` once closed."""
-        if not self._handle:
+        handle = self._handle
+        if not handle:
             raise InvalidHandleError("the client is closed")
-        return self._handle
+        return handle
 
 
 class Lock:
     """A lock on one key. Created by :meth:`Client.lock` (not acquired) or
-    :meth:`Client.acquire` (held). Thread-safe.
+    :meth:`Client.acquire` (held).
 
-    A ``with`` block acquires on entry and releases on exit; leaving the block normally
+    Thread-safe, with the semantics of :class:`threading.Lock`: the object has at most one
+    holding at a time. While one thread holds it, another thread's :meth:`acquire` (or
+    ``with lk:``) waits, within the object's ``wait``, until it is released, then acquires
+    with its own fresh C handle. :meth:`release` releases the current holding, whichever
+    thread made it. Acquiring again from the thread that holds it raises
+    :class:`InvalidArgumentError` (it would wait for itself).
+
+    A ``with`` block acquires on entry and releases on exit. Leaving the block normally
     when the lock was lost meanwhile raises :class:`LockNotHeldError`, because the block
-    ran (partly) unprotected. A Lock garbage-collected while held is released.
+    ran (partly) unprotected; when the block raised, its exception goes through unchanged
+    and a failed release is logged to the ``redlease`` logger. A Lock garbage-collected
+    while held is released.
     """
 
     def __init__(
@@ -249,41 +356,53 @@ class Lock:
         *,
         renew: bool = True,
         on_lost: Optional[LostHandler] = None,
+        cancel: Optional[CancelToken] = None,
     ) -> None:
         self._handle = 0
         self._client = client
-        self._key = _key_bytes(key)
-        self._ttl_ms = _ttl_ms(ttl)
-        self._wait_ms = _wait_ms(wait)
+        self._key = _args.key_bytes(key)
+        self._ttl_ms = _args.duration_ms(ttl, "ttl")
+        self._wait_ms = _args.wait_ms(wait)
         if not isinstance(renew, bool):
             raise InvalidArgumentError("renew must be a bool")
         if on_lost is not None and not callable(on_lost):
             raise InvalidArgumentError("on_lost must be callable")
+        if cancel is not None and not isinstance(cancel, CancelToken):
+            raise InvalidArgumentError("cancel must be a redlease.CancelToken")
         self._renew = renew
         self._on_lost = on_lost
+        self._cancel = cancel
+        # Held from the start of an acquire to the end of its release: one holding at a time.
+        self._gate = threading.Lock()
+        # Who holds the gate: a thread id, or an asyncio task (see _acquire).
+        self._owner: object = None
         self._pid = os.getpid()
-        self._released = False
+        # The handle of the current (or last) holding, for losses reported late.
+        self._last_handle = 0
         self._fencing_token: Optional[int] = None
         self._token: Optional[str] = None
         self._lost_event: Optional[threading.Event] = None
-        #: ``"not_held"`` or ``"unreachable"`` once lost.
+        #: ``"not_held"`` or ``"unreachable"`` once the current (or last) holding is lost.
         self.lost_reason: Optional[str] = None
 
     @property
     def lost(self) -> threading.Event:
-        """An event set (from the renewal thread) when the lock is lost; a worker can wait
-        on it or check it."""
-        with _LOSS_LOCK:
+        """An event set (from the renewal thread) when the current holding is lost; a worker
+        can wait on it or check it. Cleared by the next acquire."""
+        with _REGISTRY:
             if self._lost_event is None:
                 self._lost_event = threading.Event()
                 if self.lost_reason is not None:
                     self._lost_event.set()
             return self._lost_event
 
-    def _lost(self, reason: str) -> None:
-        # Runs on the renewal thread (ctypes holds the GIL); never let an exception out.
+    def _lost(self, handle: int, reason: str) -> None:
+        """Records the loss of holding ``handle`` (once) and calls ``on_lost``. Runs on the
+        renewal thread, or on a thread whose extend found the lock gone; never raises."""
         try:
-            with _LOSS_LOCK:
+            with _REGISTRY:
+                if handle != self._last_handle or self.lost_reason is not None:
+                    return  # an earlier holding of this object, or already reported
                 self.lost_reason = reason
                 if self._lost_event is not None:
                     self._lost_event.set()
@@ -292,113 +411,241 @@ class Lock:
         except Exception:  # noqa: BLE001
             log.exception("redlease: the on_lost handler raised")
 
-    def acquire(self) -> "Lock":
-        """Acquires the lock, waiting as configured; returns self. Blocks without the GIL.
+    def acquire(self, *, cancel: Optional[CancelToken] = None) -> "Lock":
+        """Acquires the lock, waiting as configured; returns self. Blocks without the GIL,
+        first while another thread holds this object, then while another owner holds the
+        key. On the main thread, Ctrl-C interrupts the wait. ``cancel`` (or the object's
+        token) ends the wait when cancelled from another thread.
 
-        Raises :class:`LockBusyError` when the wait ended while another owner held it."""
-        if self._handle and not self._released:
-            raise InvalidArgumentError("this Lock is already acquired; release it first")
-        opts = _native.AcquireOptions(self._renew, _on_lost_from_c, None)
-        handle = _native.lock_t()
-        self.lost_reason = None
-        self._fencing_token = self._token = None
-        if self._lost_event is not None:
-            self._lost_event.clear()
-        _native.check(
-            lib.lock_acquire_opts(
-                self._client.handle, self._key, self._ttl_ms, self._wait_ms, byref(opts), byref(handle)
-            )
-        )
-        self._handle = handle.value
-        self._released = False
-        self._pid = os.getpid()
-        fence = c_uint64()
-        _native.check(lib.lock_fencing_token(self._handle, byref(fence)))
-        self._fencing_token = fence.value
-        with _LOSS_LOCK:
-            _LIVE[self._handle] = weakref.ref(self)
-            early = _EARLY_LOSS.pop(self._handle, None)
-        if early is not None:
-            self._lost(early)
+        Raises :class:`LockBusyError` when the wait ended while another owner held it,
+        :class:`LockCancelledError` when cancelled, ``KeyboardInterrupt`` (or any exception a
+        signal handler raised) when interrupted; nothing is held after any of these.
+        :class:`InvalidArgumentError` when this thread already holds it; connection and
+        server errors as :meth:`Client.acquire`."""
+        return self._acquire(cancel or self._cancel, threading.get_ident())
+
+    def _acquire(self, cancel: Optional[CancelToken], owner: object) -> "Lock":
+        """Acquires for ``owner`` (a thread id, or an asyncio task) with ``cancel``.
+
+        An exception at any point, also an asynchronous one (what a signal handler raised)
+        right after the C call returned, leaves nothing held: a handle written by the
+        library is released again, and the gate is given back."""
+        started = time.monotonic()
+        self._enter_gate(started, cancel, owner)
+        out = _native.lock_t()
+        try:
+            opts = _native.acquire_options()
+            opts.renew = self._renew
+            opts.on_lost = _on_lost_from_c
+            if cancel is not None:
+                opts.cancel = cancel.handle
+            wait_ms = self._wait_left(started)
+            # Python runs signal handlers on the main thread only. `catcher` (and `opts`,
+            # which refers to its callback) stay alive until the C call has returned.
+            catcher = _SignalCatcher() if wait_ms and _on_main_thread() else None
+            status = None
+            try:
+                if catcher is not None and catcher.install():
+                    opts.on_interrupt = catcher.callback
+                if catcher is None or catcher.exception is None:
+                    client = self._client.handle
+                    status = lib.lock_acquire_opts(
+                        client, self._key, self._ttl_ms, wait_ms, byref(opts), byref(out)
+                    )
+            finally:
+                if catcher is not None:
+                    catcher.uninstall()
+            interrupted = catcher.take() if catcher is not None else None
+            if interrupted is not None:
+                raise interrupted  # what a signal handler raised (KeyboardInterrupt) wins
+            assert status is not None
+            _native.check(status)
+            fence = c_uint64()
+            _native.check(lib.lock_fencing_token(out.value, byref(fence)))
+            self._adopt(out.value, fence.value)
+        except BaseException:
+            if out.value:
+                self._disown(out.value)
+                lib.lock_release(out.value)
+            self._owner = None
+            self._gate.release()
+            raise
         return self
 
-    def release(self) -> bool:
-        """Stops renewal and releases the lock. Returns True when released, False when it had
-        already been lost (expired or taken: part of the work ran unprotected).
+    def _enter_gate(self, started: float, cancel: Optional[CancelToken], owner: object) -> None:
+        """Takes the gate: waits, within the object's ``wait``, while another thread's
+        holding of this object lasts."""
+        if self._gate.acquire(blocking=False):
+            self._owner = owner
+            return
+        if self._owner == owner:
+            raise InvalidArgumentError(
+                f"this Lock on {self.key!r} is already acquired here; release it first"
+            )
+        while True:
+            if self._wait_ms and is_cancelled(cancel):
+                raise LockCancelledError(f"the wait for lock {self.key!r} was cancelled")
+            slice_s = _GATE_SLICE
+            if self._wait_ms != UINT64_MAX:
+                left = started + self._wait_ms / 1000 - time.monotonic()
+                if left <= 0:
+                    raise LockBusyError(
+                        f"lock {self.key!r} is held by another thread through this Lock object"
+                    )
+                slice_s = min(slice_s, left)
+            if self._gate.acquire(timeout=slice_s):
+                self._owner = owner
+                return
 
-        Raises :class:`InvalidHandleError` for a lock already released, and connection or
-        server errors when Redis could not be told (the lock then expires after its ttl)."""
-        status = lib.lock_release(self._handle)
-        self._released = True
-        _LIVE.pop(self._handle, None)
+    def _wait_left(self, started: float) -> int:
+        """The object's wait minus the time spent waiting for the gate, in ms."""
+        if self._wait_ms in (0, UINT64_MAX):
+            return self._wait_ms
+        spent_ms = int((time.monotonic() - started) * 1000)
+        return max(self._wait_ms - spent_ms, 0)
+
+    def _adopt(self, handle: int, fencing_token: int) -> None:
+        """Records ``handle`` as the current holding."""
+        ref = weakref.ref(self)
+        with _REGISTRY:
+            self._handle = self._last_handle = handle
+            self._pid = os.getpid()
+            self._fencing_token = fencing_token
+            self._token = None
+            self.lost_reason = None
+            if self._lost_event is not None:
+                self._lost_event.clear()
+            _LIVE[handle] = ref
+            early = _EARLY_LOSS.pop(handle, None)
+        if early is not None:
+            self._lost(handle, early)
+
+    def _disown(self, handle: int) -> None:
+        """Forgets ``handle`` (released or about to be)."""
+        with _REGISTRY:
+            if self._handle == handle:
+                self._handle = 0
+            _LIVE.pop(handle, None)
+            _EARLY_LOSS.pop(handle, None)
+
+    def release(self) -> bool:
+        """Stops renewal and releases the current holding. Blocks for one round trip.
+        Returns True when released, False when it had already been lost (expired or taken:
+        part of the work ran unprotected). The holding is over either way: another thread
+        waiting for this object goes ahead.
+
+        Raises :class:`InvalidHandleError` when the object is not held (never acquired,
+        already released, or its client was closed), and connection or server errors when
+        Redis could not be told (the lock then expires after its ttl)."""
+        with _REGISTRY:
+            handle, self._handle = self._handle, 0
+        if not handle:
+            raise InvalidHandleError(f"this Lock on {self.key!r} is not held")
+        try:
+            status = lib.lock_release(handle)
+        finally:
+            self._disown(handle)
+            self._owner = None
+            self._gate.release()
         if status == LOCK_NOT_HELD:
             return False
         _native.check(status)
         return True
 
     def extend(self, ttl: float) -> None:
-        """Sets the lease to ``ttl`` seconds from now. Raises :class:`LockNotHeldError` when
-        the lock was lost."""
-        _native.check(lib.lock_extend(self._handle, _ttl_ms(ttl)))
+        """Sets the lease of the current holding to ``ttl`` seconds from now. Blocks for one
+        round trip. Raises :class:`LockNotHeldError` when the lock was lost,
+        :class:`InvalidHandleError` when not held."""
+        ttl_ms = _args.duration_ms(ttl, "ttl")
+        handle = self._handle
+        status = lib.lock_extend(handle, ttl_ms)
+        if status == LOCK_NOT_HELD and handle:
+            # The library reports this loss through the lost-lock callback as well; this
+            # makes sure it is recorded even if that callback was cut short by a signal.
+            self._lost(handle, LOST_REASONS[1])
+        _native.check(status)
 
     @property
     def held(self) -> bool:
         """The local view: acquired, not released, not lost, lease not ended. Sends nothing."""
-        if not self._handle:
+        handle = self._handle
+        if not handle:
             return False
         out = c_bool()
-        status = lib.lock_is_held(self._handle, byref(out))
-        return status == 0 and out.value
+        return lib.lock_is_held(handle, byref(out)) == 0 and out.value
 
     @property
     def fencing_token(self) -> int:
         """Larger than that of every earlier acquisition of this key: pass it to the storage,
-        which should reject older tokens. 0 before the lock is acquired."""
+        which should reject older tokens. 0 before the lock is first acquired."""
         return self._fencing_token or 0
 
     @property
     def token(self) -> str:
         """The value stored under the key while held. Read from the library on first use:
         raises :class:`InvalidHandleError` when first read after the release."""
-        if self._token is None:
-            self._token = _native.read_string(lib.lock_token, self._handle, LOCK_TOKEN_MAX)
-        return self._token
+        token = self._token
+        if token is None:
+            token = self._token = _native.read_string(lib.lock_token, self._handle, LOCK_TOKEN_MAX)
+        return token
 
     @property
     def key(self) -> str:
+        """The lock name (without the client's key prefix)."""
         return self._key.decode("utf-8")
 
     @property
     def remaining(self) -> float:
         """Seconds of lease left by the local clock; 0.0 once lost or released."""
+        handle = self._handle
         out = c_uint64()
-        if not self._handle or lib.lock_remaining_ms(self._handle, byref(out)) != 0:
+        if not handle or lib.lock_remaining_ms(handle, byref(out)) != 0:
             return 0.0
         return out.value / 1000.0
 
     def __enter__(self) -> "Lock":
         return self.acquire()
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        released = self.release()
-        if not released and exc_type is None:
-            raise LockNotHeldError(
-                f"lock {self.key!r} was lost before the end of the with block "
-                f"({self.lost_reason or 'expired'}): the block ran partly unprotected",
-                LOCK_NOT_HELD,
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: object, tb: object) -> None:
+        if exc_type is None:
+            if not self.release():
+                raise LockNotHeldError(
+                    f"lock {self.key!r} was lost before the end of the with block "
+                    f"({self.lost_reason or 'expired'}): the block ran partly unprotected",
+                    LOCK_NOT_HELD,
+                )
+            return
+        # The block raised: its exception goes through, whatever happens to the release.
+        try:
+            released = self.release()
+        except Exception:  # noqa: BLE001 - logged; the block's exception is what matters
+            log.warning(
+                "redlease: releasing lock %r at the end of a with block that raised %s failed",
+                self.key, exc_type.__name__, exc_info=True,
+            )
+            return
+        if not released:
+            log.warning(
+                "redlease: lock %r was lost (%s) before the end of a with block that raised %s",
+                self.key, self.lost_reason or "expired", exc_type.__name__,
             )
 
     def __del__(self) -> None:
         # Release a lock dropped while held; a forked child's copy is never released (the
-        # library refuses it anyway).
+        # library refuses it anyway). No _REGISTRY here: this thread may be holding it.
+        handle = getattr(self, "_handle", 0)
         try:
-            if self._handle and not self._released and self._pid == os.getpid():
-                lib.lock_release(self._handle)
-                _LIVE.pop(self._handle, None)
-        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            if handle and self._pid == os.getpid():
+                self._handle = 0
+                lib.lock_release(handle)
+                _LIVE.pop(handle, None)
+                _EARLY_LOSS.pop(handle, None)
+        except Exception:  # noqa: BLE001 - never raise from a finaliser (interpreter exit)
             pass
 
     def __repr__(self) -> str:
-        if not self._handle:
-            return f"<redlease.Lock {self.key!r} not acquired>"
-        return f"<redlease.Lock {self.key!r} held={self.held} handle={self._handle:#x}>"
+        handle = self._handle
+        if not handle:
+            return f"<redlease.Lock {self.key!r} not held>"
+        return f"<redlease.Lock {self.key!r} held={self.held} handle={handle:#x}>"
+

@@ -22,6 +22,11 @@ class LockNotHeldError(RedleaseError):
     lock, or the call came from a forked child. Work since the lease ended ran unprotected."""
 
 
+class LockCancelledError(RedleaseError):
+    """A blocked acquire was cancelled on purpose (:meth:`redlease.CancelToken.cancel`,
+    :func:`redlease.cancel_all`); never by a stray signal. Nothing is held."""
+
+
 class RedisConnectionError(RedleaseError):
     """Redis unreachable, connection dropped, or an I/O timeout."""
 
@@ -36,11 +41,16 @@ class InvalidArgumentError(RedleaseError, ValueError):
 
 
 class InvalidHandleError(RedleaseError):
-    """A released lock or a closed client was used."""
+    """A released lock, a closed client or a freed cancel token was used."""
 
 
 class InternalError(RedleaseError):
-    """A bug in redlease (a Rust panic caught at the boundary)."""
+    """A bug in redlease (a Rust panic caught at the boundary), or the OS refused a thread."""
+
+
+class ReplicationError(RedleaseError):
+    """Too few replicas acknowledged the write (``min_replicas``): the acquire was rolled
+    back and nothing is held."""
 
 
 # The C status codes (include/redlease.h) and their exceptions.
@@ -48,16 +58,19 @@ LOCK_OK = 0
 STATUS_ERRORS: Dict[int, Type[RedleaseError]] = {
     1: LockBusyError,
     2: LockNotHeldError,
+    3: LockCancelledError,
     -1: InvalidArgumentError,
     -2: InvalidHandleError,
     -3: RedisConnectionError,
     -4: RedisServerError,
     -5: InternalError,
+    -6: ReplicationError,
 }
 for _status, _cls in STATUS_ERRORS.items():
     _cls.status = _status
 LOCK_BUSY = LockBusyError.status
 LOCK_NOT_HELD = LockNotHeldError.status
+LOCK_CANCELLED = LockCancelledError.status
 
 
 def error_for(status: int, message: str) -> RedleaseError:

@@ -14,9 +14,10 @@ from ctypes import (
     c_uint32,
     c_uint64,
     c_void_p,
+    byref,
 )
 from pathlib import Path
-from typing import Callable, List
+from typing import Any, Callable, List, Type, TypeVar
 
 from ._errors import LOCK_OK, error_for
 
@@ -24,15 +25,21 @@ LIB_NAME = "libredlease.so"
 
 lock_client_t = c_uint64
 lock_t = c_uint64
+lock_cancel_t = c_uint64
 LOCK_TOKEN_MAX = 128
 UINT64_MAX = 2**64 - 1
 
 # void (*lock_lost_cb)(lock_t lock, int32_t reason, void *user_data)
 LOST_CALLBACK = CFUNCTYPE(None, lock_t, c_int32, c_void_p)
+# int32_t (*lock_interrupt_cb)(void *user_data): nonzero cancels
+INTERRUPT_CALLBACK = CFUNCTYPE(c_int32, c_void_p)
 
 
 class ClientOptions(Structure):
+    """``lock_client_options_t``. Make one with :func:`client_options`."""
+
     _fields_ = [
+        ("size", c_size_t),
         ("connect_timeout_ms", c_uint64),
         ("io_timeout_ms", c_uint64),
         ("pool_size", c_uint32),
@@ -44,10 +51,16 @@ class ClientOptions(Structure):
 
 
 class AcquireOptions(Structure):
+    """``lock_acquire_options_t``. Make one with :func:`acquire_options`."""
+
     _fields_ = [
+        ("size", c_size_t),
         ("renew", c_bool),
         ("on_lost", LOST_CALLBACK),
         ("user_data", c_void_p),
+        ("cancel", lock_cancel_t),
+        ("on_interrupt", INTERRUPT_CALLBACK),
+        ("interrupt_user_data", c_void_p),
     ]
 
 
@@ -79,19 +92,25 @@ def _load() -> "tuple[ctypes.CDLL, Path]":
 lib, lib_path = _load()
 
 
-def _declare(name: str, restype, argtypes) -> Callable:
-    fn = getattr(lib, name)
+def _declare(name: str, restype: Any, argtypes: List[Any]) -> None:
+    """Sets the C signature of ``lib.<name>``, as include/redlease.h declares it."""
+    try:
+        fn = getattr(lib, name)
+    except AttributeError:
+        raise ImportError(
+            f"redlease: {lib_path} has no {name}: it is older than this package; use the "
+            "library built from the same sources"
+        ) from None
     fn.restype = restype
     fn.argtypes = argtypes
-    return fn
 
 
-_declare("lock_client_options_init", c_int32, [POINTER(ClientOptions)])
+_declare("lock_client_options_init", c_int32, [POINTER(ClientOptions), c_size_t])
 _declare("lock_client_open", c_int32, [c_char_p, POINTER(lock_client_t)])
 _declare("lock_client_open_opts", c_int32, [c_char_p, POINTER(ClientOptions), POINTER(lock_client_t)])
 _declare("lock_client_close", c_int32, [lock_client_t])
 _declare("lock_client_url", c_int32, [lock_client_t, POINTER(c_char), c_size_t])
-_declare("lock_acquire_options_init", c_int32, [POINTER(AcquireOptions)])
+_declare("lock_acquire_options_init", c_int32, [POINTER(AcquireOptions), c_size_t])
 _declare("lock_acquire", c_int32, [lock_client_t, c_char_p, c_uint64, c_uint64, POINTER(lock_t)])
 _declare(
     "lock_acquire_opts",
@@ -105,9 +124,48 @@ _declare("lock_fencing_token", c_int32, [lock_t, POINTER(c_uint64)])
 _declare("lock_token", c_int32, [lock_t, POINTER(c_char), c_size_t])
 _declare("lock_remaining_ms", c_int32, [lock_t, POINTER(c_uint64)])
 _declare("lock_is_locked", c_int32, [lock_client_t, c_char_p, POINTER(c_bool)])
+_declare("lock_cancel_new", c_int32, [POINTER(lock_cancel_t)])
+_declare("lock_cancel", c_int32, [lock_cancel_t])
+_declare("lock_cancel_free", c_int32, [lock_cancel_t])
+_declare("lock_cancel_all", c_int32, [])
+_declare("lock_cancel_reset", c_int32, [])
 _declare("lock_last_error", c_char_p, [])
 _declare("lock_status_name", c_char_p, [c_int32])
 _declare("lock_version", c_char_p, [])
+
+
+_Options = TypeVar("_Options", ClientOptions, AcquireOptions)
+
+
+def _new_options(struct: Type[_Options], init: Callable[[Any, int], int]) -> _Options:
+    """A ``struct`` filled with the defaults by its C ``init`` function, which writes only
+    this package's ``sizeof(struct)`` bytes (a newer library's larger struct keeps its extra
+    fields at their defaults on its side)."""
+    opts = struct()
+    check(init(byref(opts), ctypes.sizeof(struct)))
+    return opts
+
+
+def _check_struct(struct: Type[_Options], init: Callable[[Any, int], int]) -> None:
+    """Refuses a library older than this package (it does not know our struct's size)."""
+    try:
+        _new_options(struct, init)
+    except Exception as exc:
+        raise ImportError(
+            f"redlease: {lib_path} is older than this package (it does not take a "
+            f"{struct.__name__} of {ctypes.sizeof(struct)} bytes); use the library built from "
+            f"the same sources ({exc})"
+        ) from None
+
+
+def client_options() -> ClientOptions:
+    """A ``lock_client_options_t`` with the library's defaults."""
+    return _new_options(ClientOptions, lib.lock_client_options_init)
+
+
+def acquire_options() -> AcquireOptions:
+    """A ``lock_acquire_options_t`` with the library's defaults."""
+    return _new_options(AcquireOptions, lib.lock_acquire_options_init)
 
 
 def check(status: int) -> int:
@@ -118,11 +176,12 @@ def check(status: int) -> int:
 
 
 def last_error() -> str:
+    """This thread's message for its last call into the library."""
     raw = lib.lock_last_error()
-    return raw.decode("utf-8", "replace") if raw else ""
+    return str(raw.decode("utf-8", "replace")) if raw else ""
 
 
-def read_string(fn: Callable, handle: int, size: int = 1024) -> str:
+def read_string(fn: Callable[[int, Any, int], int], handle: int, size: int = 1024) -> str:
     """Calls ``fn(handle, buf, size)`` (a copy-into-buffer function) and decodes the text."""
     buf = ctypes.create_string_buffer(size)
     check(fn(handle, buf, size))
@@ -130,4 +189,10 @@ def read_string(fn: Callable, handle: int, size: int = 1024) -> str:
 
 
 def version() -> str:
-    return lib.lock_version().decode()
+    """The library's version (``lock_version``)."""
+    return str(lib.lock_version().decode())
+
+
+# The library must know this package's option structs (checked once, at import).
+_check_struct(ClientOptions, lib.lock_client_options_init)
+_check_struct(AcquireOptions, lib.lock_acquire_options_init)

@@ -5,12 +5,18 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import redis
 
-import redlease
+# The source tree's package, unless this run tests an installed one (tests/all.sh).
+if not os.environ.get("REDLEASE_EXPECT_INSTALLED"):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redlease  # noqa: E402
 
 
 def _free_port() -> int:

@@ -298,6 +298,10 @@ def test_released_locks_and_closed_clients_raise_invalid_handle(server):
         {"key": "k", "ttl": "30"},
         {"key": "k", "ttl": True},
         {"key": "k", "ttl": 0.0001},
+        {"key": "k", "ttl": 0.009},  # the minimum is 10 ms
+        {"key": "k", "ttl": 10**400},
+        {"key": "k\ud800"},
+        {"key": "redlease:k"},  # reserved for companion keys
         {"key": "k", "wait": -1.0},
         {"key": "k", "wait": math.nan},
         {"key": "k", "wait": 1e30},

@@ -1,0 +1,116 @@
+"""Converting Python arguments to what the C ABI takes.
+
+Every function here raises :class:`InvalidArgumentError` (also a ``ValueError``) for a value
+it cannot convert, never ``OverflowError``, ``UnicodeEncodeError`` or ``TypeError``. Limits
+the library itself checks (the 10 ms minimum ttl, the longest timeouts, reserved key names)
+are left to it: it refuses them with ``LOCK_ERR_ARGUMENT``, which is the same exception.
+"""
+
+import math
+import os
+from typing import Optional, Union
+
+from ._errors import InvalidArgumentError
+from ._native import UINT64_MAX
+
+Key = Union[str, bytes]
+
+
+def key_bytes(key: object) -> bytes:
+    """A lock name as the UTF-8 bytes the C ABI takes. ``bytes`` must be valid UTF-8."""
+    if isinstance(key, str):
+        data = utf8(key, "the key")
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        data = bytes(key)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidArgumentError("a bytes key must be valid UTF-8") from None
+        if b"\0" in data:
+            raise InvalidArgumentError("the key contains a NUL character")
+    else:
+        raise InvalidArgumentError(f"the key must be str or bytes, not {type(key).__name__}")
+    if not data:
+        raise InvalidArgumentError("the key is empty")
+    return data
+
+
+def utf8(text: str, what: str) -> bytes:
+    """``text`` as NUL-free UTF-8 (lone surrogates and NUL characters are refused)."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"{what} contains lone surrogates (not valid UTF-8)") from None
+    if b"\0" in data:
+        raise InvalidArgumentError(f"{what} contains a NUL character")
+    return data
+
+
+def opt_str(value: object, what: str) -> Optional[bytes]:
+    """An optional string option as UTF-8 bytes, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{what} must be a str, not {type(value).__name__}")
+    return utf8(value, what)
+
+
+def opt_path(value: object, what: str) -> Optional[bytes]:
+    """An optional file path (``str`` or ``os.PathLike[str]``) as UTF-8 bytes, or None."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    return opt_str(value, what)
+
+
+def seconds(value: object, what: str) -> float:
+    """A non-negative number of seconds (int or float, not bool); may be ``inf`` (but not
+    an int too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(
+            f"{what} must be a number of seconds, not {type(value).__name__}"
+        )
+    if isinstance(value, int) and value.bit_length() > 1000:
+        # Beyond the range of a float, such as 10**400: float() would raise OverflowError.
+        if value > 0:
+            raise InvalidArgumentError(f"{what} is too long: an int of {value.bit_length()} bits")
+        raise InvalidArgumentError(f"{what} must be a non-negative number of seconds")
+    result = float(value)
+    if math.isnan(result) or result < 0:
+        raise InvalidArgumentError(
+            f"{what} must be a non-negative number of seconds, got {value!r}"
+        )
+    return result
+
+
+def duration_ms(value: object, what: str) -> int:
+    """A finite duration in seconds as whole milliseconds, rounded to the nearest. The
+    library refuses what is too short or too long for its purpose."""
+    secs = seconds(value, what)
+    ms = secs * 1000
+    if ms >= UINT64_MAX:  # also inf
+        raise InvalidArgumentError(f"{what} is too long: {value!r} s")
+    return round(ms)
+
+
+def wait_ms(wait: object) -> int:
+    """An acquire's wait: 0 tries once; ``None`` or ``inf`` wait as long as it takes (the C
+    ABI's ``UINT64_MAX``); otherwise milliseconds, rounded up so the wait is never shorter
+    than asked."""
+    if wait is None:
+        return UINT64_MAX
+    secs = seconds(wait, "wait")
+    if math.isinf(secs):
+        return UINT64_MAX
+    ms = math.ceil(secs * 1000)
+    if ms >= UINT64_MAX:
+        raise InvalidArgumentError(
+            f"wait is too long: {wait!r} s; use None to wait as long as it takes"
+        )
+    return ms
+
+
+def positive_int(value: object, what: str, limit: int) -> int:
+    """An int in ``1 .. limit - 1`` (not bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < limit:
+        raise InvalidArgumentError(f"{what} must be a positive int below {limit}, got {value!r}")
+    return int(value)

@@ -1,0 +1,186 @@
+"""Signals and a blocked acquire: Ctrl-C ends it promptly and leaves nothing held; a signal
+that is not meant to stop anything does not end it."""
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import redlease
+from redlease import LockBusyError, _client
+
+# An exception escaping a ctypes callback is printed and dropped ("Exception ignored on
+# calling ctypes callback function"), and the library gets an undefined return value.
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    import redlease
+
+    url, key, how = sys.argv[1:4]
+    client = redlease.Client(url)
+    if how == "elsewhere":
+        # The signal reaches another thread, so it does not interrupt the acquire's poll:
+        # the library's periodic on_interrupt call must notice it.
+        import signal, threading
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    print("blocking", flush=True)
+    try:
+        if how == "with":
+            with client.lock(key, ttl=10.0, wait=None):
+                print("acquired", flush=True)
+        else:
+            client.acquire(key, ttl=10.0, wait=None)
+            print("acquired", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        from redlease import _client
+        print("registry", len(_client._LIVE), len(_client._EARLY_LOSS), flush=True)
+        time.sleep(0.5)  # still alive while the test checks that nothing is held
+        sys.exit(0)
+    sys.exit(3)
+    """
+)
+
+
+def child_env():
+    env = dict(os.environ)
+    package_parent = str(Path(redlease.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+    env["REDLEASE_LIB"] = str(redlease._native.lib_path)
+    return env
+
+
+class Lines:
+    """The child's output lines, read by a thread so that waiting for one has a bound."""
+
+    def __init__(self, stream):
+        self._lines = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream):
+        for line in stream:
+            self._lines.put(line.strip())
+        self._lines.put(None)
+
+    def next(self, limit):
+        """The next line, or None at the end or after `limit` seconds."""
+        try:
+            return self._lines.get(timeout=limit)
+        except queue.Empty:
+            return None
+
+
+@pytest.mark.parametrize("how", ["acquire", "with", "elsewhere"])
+def test_ctrl_c_interrupts_a_blocked_acquire_promptly_and_leaves_nothing(client, r, how):
+    key = f"sigint-{how}"
+    holder = client.acquire(key, ttl=10.0, wait=0)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, client.url, key, how],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+    )
+    lines = Lines(proc.stdout)
+    try:
+        assert lines.next(10) == "blocking", proc.stderr.read() if proc.poll() is not None else ""
+        time.sleep(0.3)  # the child is in the C acquire by now
+        deadline = time.monotonic() + 5
+        while r.zcard(f"redlease:queue:{{{key}}}") == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.zcard(f"redlease:queue:{{{key}}}") == 1, "the child is not waiting on the server"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        line = lines.next(5)
+        took = time.monotonic() - sent
+        assert line == "interrupted", f"got {line!r}"
+        assert took < 0.5, f"KeyboardInterrupt took {took:.3f} s"
+        print(f"KeyboardInterrupt after {took * 1000:.0f} ms")
+        assert lines.next(5) == "registry 0 0"
+        # The child is still alive and holds nothing: not registered as a waiter...
+        assert r.zcard(f"redlease:queue:{{{key}}}") == 0
+        assert proc.poll() is None
+        # ... and the release is not handed to it.
+        assert holder.release() is True
+        assert r.exists(key) == 0
+        assert proc.wait(10) == 0
+        assert r.exists(key) == 0
+        assert r.zcard(f"redlease:queue:{{{key}}}") == 0
+        stderr = proc.stderr.read()
+        assert "Exception ignored" not in stderr and "Traceback" not in stderr, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_a_signal_whose_handler_returns_does_not_end_the_wait(client):
+    holder = client.acquire("sigusr1", ttl=10.0, wait=0)
+    seen = []
+
+    def on_usr1(signum, frame):
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGUSR1, on_usr1)
+    try:
+        # Signal this thread a few times during a 1 s wait.
+        def poke():
+            for _ in range(4):
+                time.sleep(0.2)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+        t = threading.Thread(target=poke)
+        t.start()
+        started = time.monotonic()
+        waiter = client.lock("sigusr1", wait=1.0)
+        with pytest.raises(LockBusyError):
+            waiter.acquire()
+        took = time.monotonic() - started
+        assert signal.getsignal(signal.SIGUSR1) is on_usr1, "the handler was put back"
+        t.join()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert len(seen) == 4, "the Python handler ran for every signal"
+    assert 0.95 <= took < 2.0, f"the wait ended after {took:.3f} s"
+    assert not waiter.held and waiter._last_handle == 0
+    assert holder.release() is True
+    assert holder._last_handle not in _client._LIVE
+
+
+def test_a_signal_handler_that_raises_ends_the_wait_with_its_exception(client, r):
+    class Stop(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Stop()
+
+    holder = client.acquire("sigusr2", ttl=10.0, wait=0)
+    previous = signal.signal(signal.SIGUSR2, handler)
+    try:
+        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGUSR2))
+        timer.start()
+        started = time.monotonic()
+        waiter = client.lock("sigusr2", wait=10.0)
+        with pytest.raises(Stop):
+            waiter.acquire()
+        assert time.monotonic() - started < 0.3 + 0.5
+        assert signal.getsignal(signal.SIGUSR2) is handler, "the handler was put back"
+        timer.join()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert not waiter.held and waiter._last_handle == 0
+    assert waiter._gate.acquire(blocking=False), "the object is free again"
+    waiter._gate.release()
+    assert r.zcard("redlease:queue:{sigusr2}") == 0
+    assert holder.release() is True
+    assert r.exists("sigusr2") == 0

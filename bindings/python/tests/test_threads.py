@@ -1,0 +1,168 @@
+"""One Lock object shared by threads behaves like threading.Lock: one holding at a time,
+each with its own C handle, and nothing left in the bookkeeping afterwards."""
+
+import threading
+import time
+
+import pytest
+
+from redlease import (
+    InvalidArgumentError,
+    InvalidHandleError,
+    LockBusyError,
+    LockNotHeldError,
+    _client,
+)
+
+
+def registry_is_empty():
+    return not _client._LIVE and not _client._EARLY_LOSS
+
+
+def test_four_threads_share_one_lock_object_and_keep_a_counter_exact(server, client, r):
+    lk = client.lock("shared-object", ttl=10.0, wait=30.0)
+    rounds, errors, handles = 60, [], set()
+    counter = [0]
+
+    def work():
+        try:
+            for _ in range(rounds):
+                with lk:
+                    handles.add(lk._handle)
+                    n = counter[0]
+                    time.sleep(0)
+                    counter[0] = n + 1
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert counter[0] == 4 * rounds
+    assert len(handles) == 4 * rounds, "every holding has its own C handle"
+    assert registry_is_empty()
+    assert r.exists("shared-object") == 0
+    assert not lk.held
+
+
+def test_a_second_thread_waits_for_the_holding_then_acquires_its_own(client, r):
+    lk = client.lock("handover", ttl=10.0, wait=5.0)
+    lk.acquire()
+    first_token, first_fence = lk.token, lk.fencing_token
+    got = []
+
+    def other():
+        with lk:
+            got.append((lk.token, lk.fencing_token, r.get("handover")))
+
+    t = threading.Thread(target=other)
+    t.start()
+    time.sleep(0.3)
+    assert not got, "the second thread did not wait for the first holding"
+    assert r.get("handover") == first_token
+    assert lk.release() is True
+    t.join(10)
+    assert len(got) == 1
+    token, fence, stored = got[0]
+    assert token == stored and token != first_token
+    assert fence > first_fence
+    assert registry_is_empty()
+    assert r.exists("handover") == 0
+
+
+def test_a_thread_waiting_for_the_object_respects_its_wait(client):
+    lk = client.lock("object-wait", ttl=10.0, wait=0.3)
+    lk.acquire()
+    outcome = []
+
+    def other():
+        started = time.monotonic()
+        try:
+            lk.acquire()
+            outcome.append("acquired")
+        except LockBusyError:
+            outcome.append(time.monotonic() - started)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], float)
+    assert 0.25 <= outcome[0] < 1.5
+    # wait=0 does not wait at all.
+    nowait = client.lock("object-wait-0", wait=0)
+    nowait.acquire()
+    failed = []
+    t = threading.Thread(target=lambda: failed.append(pytest.raises(LockBusyError, nowait.acquire)))
+    t.start()
+    t.join(5)
+    assert failed
+    assert lk.release() is True and nowait.release() is True
+    assert registry_is_empty()
+
+
+def test_acquiring_again_from_the_holding_thread_is_an_error_not_a_deadlock(client):
+    lk = client.lock("reentry", wait=None)
+    with lk:
+        with pytest.raises(InvalidArgumentError):
+            lk.acquire()
+        assert lk.held
+    assert registry_is_empty()
+
+
+def test_release_by_another_thread_releases_the_current_holding(client, r):
+    lk = client.acquire("released-elsewhere", ttl=10.0, wait=0)
+    results = []
+    t = threading.Thread(target=lambda: results.append(lk.release()))
+    t.start()
+    t.join(5)
+    assert results == [True]
+    assert r.exists("released-elsewhere") == 0
+    with pytest.raises(InvalidHandleError):
+        lk.release()
+    assert registry_is_empty()
+
+
+def test_a_loss_reported_for_an_old_holding_does_not_mark_the_new_one(client, r):
+    lk = client.lock("old-loss", ttl=0.3, wait=0)
+    lk.acquire()
+    r.set("old-loss", "thief")
+    assert lk.lost.wait(3.0)
+    assert lk.release() is False
+    r.delete("old-loss")
+    with lk:
+        assert not lk.lost.is_set()
+        assert lk.lost_reason is None
+        lk._lost(lk._last_handle + 1, "not_held")  # a handle this object no longer holds
+        assert lk.lost_reason is None and not lk.lost.is_set()
+    assert registry_is_empty()
+
+
+def test_the_holding_of_a_closed_client_ends_with_invalid_handle_and_frees_the_object(server):
+    import redlease
+
+    c = redlease.Client(server.url)
+    lk = c.lock("closed-under", wait=5.0)
+    lk.acquire()
+    c.close()
+    assert not lk.held
+    with pytest.raises(InvalidHandleError):
+        lk.release()
+    assert registry_is_empty()
+    # The object is free again (the client is closed, so acquiring says so).
+    with pytest.raises(InvalidHandleError):
+        lk.acquire()
+    assert lk._gate.acquire(blocking=False)
+    lk._gate.release()
+
+
+def test_lost_in_a_with_block_still_raises_with_threads(client, r):
+    lk = client.lock("lost-shared", ttl=0.3, wait=5.0)
+    with pytest.raises(LockNotHeldError):
+        with lk:
+            r.delete("lost-shared")
+            assert lk.lost.wait(3.0)
+    assert registry_is_empty()
