@@ -3,15 +3,19 @@
 //! Companion keys must hash to the lock key's Redis Cluster slot so that every script stays
 //! single-slot. For a lock key `K`:
 //!
-//! - `K` has a hash tag (`{...}` with something inside): companions are `redlease:fence:K`;
-//!   the prefix holds no brace, so the tag is unchanged.
-//! - `K` has no hash tag and no `}`: companions are `redlease:fence:{K}`, whose tag is all of
-//!   `K`, which is what the cluster hashes for `K` itself.
+//! - `K` has no hash tag and no `}` (most names): companions are `redlease:fence:{K}`, whose
+//!   tag is all of `K`, which is what the cluster hashes for `K` itself.
+//! - `K` has a hash tag (`{...}` with something inside): companions are
+//!   `redlease:fence:=K`; the prefix holds no brace, so the tag is unchanged. (The `=` keeps
+//!   `{abc}`'s companions apart from those of `abc`.)
 //! - `K` has no hash tag but contains `}` (such as `a}b` or `x{}y`): no wrapping of `K`
 //!   keeps its slot, so companions are `redlease:fence:{T}K` where `T` is the shortest decimal
 //!   number that hashes to `K`'s slot.
 //!
-//! So every valid name works, on a single server and on a Cluster alike.
+//! So every valid name works, on a single server and on a Cluster alike, and no two lock
+//! keys share a companion key: the three forms cannot be confused (the part after the
+//! prefix starts with `=`, or is `{...}` with nothing after it, or `{digits}` with
+//! something after it), and [`lock_key_of`] reads the lock key back.
 //!
 //! Companion keys all begin with [`RESERVED_PREFIX`], and lock keys may not: no lock name
 //! can equal, or be mistaken for, another lock's companion key, so no lock can disturb
@@ -74,7 +78,7 @@ impl LockKeys {
             )));
         }
         let tail = if hash_tag(lock.as_bytes()).is_some() {
-            lock.clone()
+            format!("={lock}")
         } else if !lock.contains('}') {
             format!("{{{lock}}}")
         } else {
@@ -87,6 +91,27 @@ impl LockKeys {
             grant: format!("{RESERVED_PREFIX}grant:{tail}"),
             lock,
         })
+    }
+}
+
+/// The lock key whose fencing counter is `fence`, if `fence` is one.
+pub(crate) fn lock_key_of(fence: &str) -> Option<String> {
+    let tail = fence
+        .strip_prefix(RESERVED_PREFIX)?
+        .strip_prefix("fence:")?;
+    if let Some(tagged) = tail.strip_prefix('=') {
+        return Some(tagged.to_owned());
+    }
+    let inner = tail.strip_prefix('{')?;
+    let close = inner.find('}')?;
+    let rest = &inner[close + 1..];
+    if rest.is_empty() {
+        Some(inner[..close].to_owned())
+    } else {
+        inner[..close]
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| rest.to_owned())
     }
 }
 
@@ -183,6 +208,47 @@ mod tests {
         assert!(LockKeys::new("", "").is_err());
         assert!(LockKeys::new("", &"k".repeat(MAX_KEY_LEN)).is_ok());
         assert!(LockKeys::new("p:", &"k".repeat(MAX_KEY_LEN - 1)).is_err());
+    }
+
+    /// Safety item 9: no two lock keys share a companion key (`abc` and `{abc}` did), and
+    /// the lock key can be read back from its fencing counter.
+    #[test]
+    fn companion_keys_are_distinct_per_lock_and_reversible() {
+        let names = [
+            "abc",
+            "{abc}",
+            "{abc}x",
+            "x{abc}",
+            "a}b",
+            "{1}a}b",
+            "=x",
+            "{=x}",
+            "123",
+            "{123}",
+            "{}",
+            "}{",
+            "a{b",
+            "{{a}}",
+            "{a{b}c}",
+            "{}{real}",
+            "é{ü}",
+            "\u{0}\u{1}",
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for name in names {
+            let keys = LockKeys::new("", name).unwrap();
+            assert_eq!(
+                lock_key_of(&keys.fence).as_deref(),
+                Some(name),
+                "{}",
+                keys.fence
+            );
+            if let Some(other) = seen.insert(keys.fence.clone(), name) {
+                panic!("{name:?} and {other:?} share {}", keys.fence);
+            }
+        }
+        assert_eq!(lock_key_of("redlease:queue:{a}"), None);
+        assert_eq!(lock_key_of("other"), None);
     }
 
     /// Safety item 9: a lock name can never be another lock's companion key.

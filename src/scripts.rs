@@ -36,7 +36,7 @@ pub(crate) struct Lua {
 }
 
 impl Lua {
-    fn new(code: String) -> Self {
+    pub(crate) fn new(code: String) -> Self {
         let sha = redis::Script::new(&code).get_hash().to_owned();
         Lua { code, sha }
     }

@@ -150,6 +150,19 @@ impl Cluster {
         }
     }
 
+    /// Every primary that serves a slot (refreshing the map first).
+    pub fn primaries(&self, deadline: Instant) -> Result<Vec<Arc<Node>>> {
+        self.refresh(deadline)?;
+        let map = self.read();
+        let mut out: Vec<Arc<Node>> = Vec::new();
+        for node in map.slots.iter().flatten() {
+            if !out.iter().any(|n| Arc::ptr_eq(n, node)) {
+                out.push(node.clone());
+            }
+        }
+        Ok(out)
+    }
+
     /// The primary of `slot` (any node for `None`), refreshing the map when it is stale or
     /// does not know the slot.
     fn node_for(&self, slot: Option<usize>, deadline: Instant) -> Result<Arc<Node>> {

@@ -276,6 +276,48 @@ impl Backend {
         &self.describe
     }
 
+    /// Every key matching `pattern` (`SCAN ... MATCH`, never `KEYS`), on every primary of
+    /// the deployment; at most `limit` keys. Bounded by one request's bounds per `SCAN` page.
+    pub fn scan(&self, pattern: &str, limit: usize) -> Result<Vec<String>> {
+        let nodes = match &self.deployment {
+            Deployment::Single(node) => vec![node.clone()],
+            Deployment::Sentinel(sentinel) => {
+                vec![
+                    sentinel
+                        .primary_node(Instant::now() + self.connect_timeout + self.io_timeout)?,
+                ]
+            }
+            Deployment::Cluster(cluster) => {
+                cluster.primaries(Instant::now() + self.connect_timeout + self.io_timeout)?
+            }
+        };
+        let mut keys = Vec::new();
+        for node in nodes {
+            let mut cursor = "0".to_owned();
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(&cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let how = self.exec_on(self.caller_lane(None));
+                let replies = node.exec(&[Call::cmd(&cmd)], &how)?.ok_or_else(|| {
+                    Error::new(ErrorKind::Internal, "no connection on the caller lane")
+                })?;
+                let value = replies.values.into_iter().next().unwrap_or(Value::Nil);
+                let (next, page): (String, Vec<String>) = reply(value)?;
+                keys.extend(page);
+                if next == "0" || keys.len() >= limit {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        keys.truncate(limit);
+        Ok(keys)
+    }
+
     /// Closes idle connections (the client is closing; connections in use close when
     /// their requests end).
     pub fn close_idle(&self) {

@@ -116,6 +116,11 @@ impl Sentinel {
         }
     }
 
+    /// The primary's node, discovering it if needed.
+    pub fn primary_node(&self, deadline: Instant) -> Result<Arc<Node>> {
+        self.current(deadline)
+    }
+
     /// The primary in use, discovering it if needed.
     fn current(&self, deadline: Instant) -> Result<Arc<Node>> {
         if let Some(node) = self.primary().clone() {

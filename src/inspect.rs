@@ -1,0 +1,188 @@
+//! Looking at locks from outside: who holds one, every lock held, and breaking one by hand.
+//! For operators (the `redlease` command) and dashboards; a holder learns about its own
+//! lock from its guard.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::backend::{Call, reply};
+use crate::client::Client;
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::{self, LockKeys, RESERVED_PREFIX};
+use crate::scripts::Lua;
+
+/// What a lock looks like on the server right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The lock key (prefix included).
+    pub key: String,
+    /// The value under the key: the holder's token (`uuid:host/pid` for redlease holders),
+    /// or `None` when nobody holds the lock.
+    pub holder: Option<String>,
+    /// How long the key lives unless renewed; `None` when free or without expiry.
+    pub remaining: Option<Duration>,
+    /// The last fencing token handed out for this name, if any.
+    pub fencing_token: Option<u64>,
+    /// Waiters registered now (their registrations not lapsed).
+    pub waiters: u64,
+}
+
+/// `INSPECT`: a consistent view of a lock.
+///
+/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] queue
+/// - Returns `{holder or false, pttl, fence or false, live registrations}`.
+static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+return {
+  redis.call('GET', KEYS[1]),
+  redis.call('PTTL', KEYS[1]),
+  redis.call('GET', KEYS[2]),
+  redis.call('ZCOUNT', KEYS[3], now_ms, '+inf'),
+}
+"
+        .to_owned(),
+    )
+});
+
+/// `BREAK`: deletes the lock key if it still holds `expected` (what the operator was shown),
+/// and any grant pending on it.
+///
+/// - KEYS[1] lock, KEYS[2] grant
+/// - ARGV[1] expected value
+/// - Returns 1 when deleted, 0 when the key held something else (or nothing).
+static BREAK: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"
+        .to_owned(),
+    )
+});
+
+impl Client {
+    /// Who holds the lock `name` now, for how long, its last fencing token and its
+    /// waiters. One round trip (bounded like [`Client::is_locked`]).
+    pub fn inspect(&self, name: &str) -> Result<LockInfo> {
+        let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
+        self.inspect_keys(&keys)
+    }
+
+    fn inspect_keys(&self, keys: &LockKeys) -> Result<LockInfo> {
+        let backend = &self.inner.backend;
+        let call = Call::script(&INSPECT, &[&keys.lock, &keys.fence, &keys.queue], &[]);
+        let replies = backend.run(
+            &keys.lock,
+            &[call],
+            &backend.exec_on(backend.caller_lane(None)),
+        )?;
+        let value = replies.values.into_iter().next().unwrap_or(Value::Nil);
+        let (holder, pttl, fence, waiters): (Option<String>, i64, Option<String>, u64) =
+            reply(value)?;
+        Ok(LockInfo {
+            key: keys.lock.clone(),
+            remaining: (holder.is_some() && pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            holder,
+            fencing_token: fence.and_then(|f| f.parse().ok()),
+            waiters,
+        })
+    }
+
+    /// The locks held now whose keys match the glob `pattern` (`*` and `?`; the key prefix
+    /// of this client is part of the key), found through their fencing counters with
+    /// `SCAN` (never `KEYS`), on every primary. A lock only ever taken by clients outside
+    /// redlease (plain `SET NX`) has no counter and is not listed. At most `limit` locks.
+    pub fn locks(&self, pattern: &str, limit: usize) -> Result<Vec<LockInfo>> {
+        let counters = self
+            .inner
+            .backend
+            .scan(&format!("{RESERVED_PREFIX}fence:*"), usize::MAX)?;
+        let mut out = Vec::new();
+        for counter in counters {
+            let Some(key) = keys::lock_key_of(&counter) else {
+                continue;
+            };
+            if !glob(pattern.as_bytes(), key.as_bytes()) {
+                continue;
+            }
+            let Ok(lock_keys) = LockKeys::new("", &key) else {
+                continue;
+            };
+            let info = self.inspect_keys(&lock_keys)?;
+            if info.holder.is_some() {
+                out.push(info);
+                if out.len() >= limit {
+                    break;
+                }
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Deletes the lock `name` held by someone else, but only if its key still holds
+    /// `holder` (the value the operator was shown by [`inspect`](Self::inspect)), so a
+    /// lock that changed hands meanwhile is left alone. The old holder learns of it at its
+    /// next renewal (its lock is lost). Its critical section may still be running: use
+    /// this only when the holder is known to be gone, and rely on fencing tokens.
+    ///
+    /// Errors: [`ErrorKind::NotHeld`] when the key no longer holds `holder`.
+    pub fn break_lock(&self, name: &str, holder: &str) -> Result<()> {
+        let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
+        let backend = &self.inner.backend;
+        let call = Call::script(&BREAK, &[&keys.lock, &keys.grant], &[&holder]);
+        let replies = backend.run(
+            &keys.lock,
+            &[call],
+            &backend.exec_on(backend.caller_lane(None)),
+        )?;
+        let value = replies.values.into_iter().next().unwrap_or(Value::Nil);
+        match reply::<i64>(value)? {
+            1 => Ok(()),
+            _ => Err(Error::new(
+                ErrorKind::NotHeld,
+                format!(
+                    "lock {:?} no longer holds {holder:?}; nothing deleted",
+                    keys.lock
+                ),
+            )),
+        }
+    }
+}
+
+/// Glob matching with `*` (any run) and `?` (any one byte).
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    match (pattern.first(), text.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => {
+            glob(&pattern[1..], text) || (!text.is_empty() && glob(pattern, &text[1..]))
+        }
+        (Some(b'?'), Some(_)) => glob(&pattern[1..], &text[1..]),
+        (Some(p), Some(t)) if p == t => glob(&pattern[1..], &text[1..]),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob;
+
+    #[test]
+    fn globs_match_like_redis() {
+        assert!(glob(b"*", b"anything"));
+        assert!(glob(b"job:*", b"job:1"));
+        assert!(!glob(b"job:*", b"jobs"));
+        assert!(glob(b"a?c", b"abc"));
+        assert!(glob(b"*:{x}*", b"a:{x}b"));
+        assert!(!glob(b"", b"a"));
+    }
+}
