@@ -186,3 +186,77 @@ mod tests {
         assert!(!glob(b"", b"a"));
     }
 }
+
+/// What `Client::check` found about the server (for a Cluster: one of its primaries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerCheck {
+    /// `redis_version` from `INFO server`.
+    pub version: String,
+    /// `maxmemory-policy`, or `None` when `CONFIG` is not permitted.
+    pub maxmemory_policy: Option<String>,
+    /// `save` (RDB snapshots), or `None` when `CONFIG` is not permitted.
+    pub save: Option<String>,
+    /// `appendonly` and `appendfsync`, or `None` when `CONFIG` is not permitted.
+    pub appendonly: Option<(String, String)>,
+    /// Round trips of a few `PING`s.
+    pub round_trips: Vec<Duration>,
+}
+
+impl ServerCheck {
+    /// Whether the eviction policy can delete lock keys (anything but `noeviction`).
+    pub fn may_evict_locks(&self) -> bool {
+        self.maxmemory_policy
+            .as_deref()
+            .is_some_and(|p| p != "noeviction")
+    }
+
+    /// Whether a restart loses data (no RDB snapshots and no AOF).
+    pub fn loses_data_on_restart(&self) -> Option<bool> {
+        let save = self.save.as_deref()?;
+        let (aof, _) = self.appendonly.as_ref()?;
+        Some(save.trim().is_empty() && aof != "yes")
+    }
+}
+
+impl Client {
+    /// Connects and reports the server's version, eviction policy and persistence, and the
+    /// latency of a few round trips. Each request bounded as [`Client::is_locked`].
+    pub fn check(&self) -> Result<ServerCheck> {
+        let backend = &self.inner.backend;
+        let run = |cmd: &redis::Cmd| -> Result<Value> {
+            let replies =
+                backend.run("", &[Call::cmd(cmd)], &backend.exec_on(backend.caller_lane(None)))?;
+            Ok(replies.values.into_iter().next().unwrap_or(Value::Nil))
+        };
+        let mut round_trips = Vec::new();
+        for _ in 0..5 {
+            let started = std::time::Instant::now();
+            reply::<String>(run(&redis::cmd("PING"))?)?;
+            round_trips.push(started.elapsed());
+        }
+        let mut info = redis::cmd("INFO");
+        info.arg("server");
+        let info: String = reply(run(&info)?)?;
+        let version = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("unknown")
+            .trim()
+            .to_owned();
+        let config = |name: &str| -> Option<String> {
+            let mut cmd = redis::cmd("CONFIG");
+            cmd.arg("GET").arg(name);
+            let pair: Vec<String> = reply(run(&cmd).ok()?).ok()?;
+            pair.get(1).cloned()
+        };
+        let appendonly = config("appendonly").zip(config("appendfsync"));
+        Ok(ServerCheck {
+            version,
+            maxmemory_policy: config("maxmemory-policy"),
+            save: config("save"),
+            appendonly,
+            round_trips,
+        })
+    }
+}

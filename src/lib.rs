@@ -55,7 +55,7 @@ mod waiting;
 pub use cancel::{CancelToken, cancel_all, reset_cancel_all};
 pub use client::{Client, ClientOptions};
 pub use error::{Error, ErrorKind, Result};
-pub use inspect::LockInfo;
+pub use inspect::{LockInfo, ServerCheck};
 pub use keys::{MAX_KEY_LEN, RESERVED_PREFIX, key_slot};
 pub use lease::{LostCallback, LostReason, MAX_TTL, MIN_TTL};
 pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard};
