@@ -214,6 +214,15 @@ typedef struct lock_acquire_options_t {
    * Passed to `on_interrupt` as is.
    */
   void *interrupt_user_data;
+  /**
+   * Replicas that must acknowledge the acquire and every extend and renewal (`WAIT`);
+   * too few roll the acquire back (`LOCK_ERR_REPLICATION`). 0 (the default): none.
+   */
+  uint32_t min_replicas;
+  /**
+   * How long to wait for those acknowledgements, in ms. Default 1000.
+   */
+  uint64_t min_replicas_timeout_ms;
 } lock_acquire_options_t;
 
 #ifdef __cplusplus
@@ -249,6 +258,19 @@ int32_t lock_client_open_opts(const char *url,
                               lock_client_t *out_client);
 
 /**
+ * Opens a Redlock client: its locks are taken on a majority of the `count` independent
+ * primaries `urls` (1 to 15; each a single-server or Sentinel URL, no two naming the same
+ * server), in parallel. `options` may be NULL for the defaults. No connection is made yet.
+ * Its locks have no fencing token (`lock_fencing_token` gives 0): see the README.
+ * Errors: `LOCK_ERR_ARGUMENT` for NULL pointers, a count of 0 or over 15, a malformed,
+ * Cluster or duplicate URL.
+ */
+int32_t lock_client_open_redlock(const char *const *urls,
+                                 size_t count,
+                                 const struct lock_client_options_t *options,
+                                 lock_client_t *out_client);
+
+/**
  * Closes a client. Every lock still held from it is released first (renewal stopped,
  * release sent; errors ignored) and its handle becomes invalid. Blocks for those releases.
  * A `lock_acquire` still running on another thread when the client closes may yet
@@ -270,6 +292,8 @@ int32_t lock_acquire_options_init(struct lock_acquire_options_t *opts, size_t si
  * `wait_ms`: 0 tries once; `UINT64_MAX` waits as long as it takes; otherwise waits up to
  * that long. On `LOCK_OK`, `*out_lock` is a new handle to give back with `lock_release`.
  * Other results: `LOCK_BUSY` (still held by another owner when the wait ended),
+ * `LOCK_ERR_REPLICATION` (too few replicas acknowledged: rolled back; see
+ * `lock_acquire_options_t.min_replicas`),
  * `LOCK_CANCELLED` (see `lock_cancel_all`), `LOCK_ERR_ARGUMENT` (NULL, empty, over-long,
  * reserved (`redlease:...`) or non-UTF-8 key, ttl under 10 ms), `LOCK_ERR_HANDLE`,
  * `LOCK_ERR_CONNECTION` (also when a request's reply was lost: the lock is then not held

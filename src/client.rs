@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use crate::backend::node::NodeFactory;
 use crate::backend::{self, Backend, Call};
+use crate::connection;
 use crate::error::{Error, Result};
 use crate::keys::{LockKeys, MAX_KEY_LEN, RESERVED_PREFIX};
 use crate::lock::LockBuilder;
 use crate::tls::TlsSetup;
-use crate::url;
+use crate::url::{self, Topology};
 
 /// How a [`Client`] connects. Build it with [`ClientOptions::default`] and the setters.
 #[derive(Clone)]
@@ -179,25 +180,65 @@ impl Client {
     pub fn with_options(url: &str, options: ClientOptions) -> Result<Client> {
         options.validate()?;
         let target = url::parse(url)?;
-        let tls = Arc::new(TlsSetup::new(target.tls, options.tls_ca_cert.clone())?);
-        let factory = NodeFactory {
-            tls,
-            login: target.login.clone(),
-            connect_timeout: options.connect_timeout,
-            pool_size: options.pool_size,
-        };
-        let backend = Backend::open(&target, factory, options.io_timeout, options.pool_wait);
+        let backend = backend_for(&target, &options)?;
+        Ok(Client::from_backend(backend, options))
+    }
+
+    /// Opens a client whose locks are Redlock locks: each is taken on a majority of the
+    /// independent primaries `urls` (1 to 15; each a single-server or Sentinel URL, no two
+    /// naming the same server). No connection is made yet. See the crate's README for what
+    /// Redlock promises and what it cannot; its locks have no fencing token
+    /// ([`crate::LockGuard::fencing_token`] is 0).
+    ///
+    /// Errors: [`crate::ErrorKind::InvalidArgument`] for no URL, more than 15, a malformed or
+    /// Cluster URL, or a duplicate.
+    pub fn redlock(urls: &[&str], options: ClientOptions) -> Result<Client> {
+        options.validate()?;
+        if urls.is_empty() || urls.len() > 15 {
+            return Err(Error::invalid(format!(
+                "Redlock takes 1 to 15 primaries, got {}",
+                urls.len()
+            )));
+        }
+        let mut members = Vec::with_capacity(urls.len());
+        let mut seen = std::collections::HashSet::new();
+        for url in urls {
+            let target = url::parse(url)?;
+            if matches!(target.topology, Topology::Cluster(_)) {
+                return Err(Error::invalid(format!(
+                    "{}: a Redlock member is a single server or a Sentinel deployment, not a Cluster",
+                    target.describe
+                )));
+            }
+            if !seen.insert(format!("{:?}/{}", target.topology, target.login.db)) {
+                return Err(Error::invalid(format!(
+                    "{} names the same server as another Redlock member",
+                    target.describe
+                )));
+            }
+            members.push(backend_for(&target, &options)?);
+        }
+        let backend = Backend::redlock(
+            members,
+            options.io_timeout,
+            options.pool_wait,
+            options.connect_timeout,
+        );
+        Ok(Client::from_backend(backend, options))
+    }
+
+    fn from_backend(backend: Backend, options: ClientOptions) -> Client {
         let owner_label = options
             .owner_label
             .clone()
             .unwrap_or_else(default_owner_label);
-        Ok(Client {
+        Client {
             inner: Arc::new(ClientInner {
                 backend: Arc::new(backend),
                 options,
                 owner_label,
             }),
-        })
+        }
     }
 
     /// Starts describing a lock on `name` (the key is the client's prefix plus `name`).
@@ -221,16 +262,76 @@ impl Client {
     /// Whether anyone holds the lock `name` right now (one `EXISTS`). Blocking: bounded by
     /// the pool wait, the connect timeout and the I/O timeout. To know whether *you* hold
     /// a lock, use [`crate::LockGuard::is_held`].
+    ///
+    /// On a Redlock client: whether a majority of the primaries hold the key.
     pub fn is_locked(&self, name: &str) -> Result<bool> {
         let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
         let mut cmd = redis::cmd("EXISTS");
         cmd.arg(&keys.lock);
+        if let Some(members) = self.inner.backend.redlock_members() {
+            let answers = self.on_members(members, &keys.lock, &cmd)?;
+            let held = answers
+                .iter()
+                .filter(|v| **v == redis::Value::Int(1))
+                .count();
+            return Ok(held >= members.quorum());
+        }
         self.query(&keys.lock, &cmd)
     }
 
     /// Sends `PING`: a cheap way to check the URL, credentials and reachability up front.
+    /// On a Redlock client, a majority of the primaries must answer.
     pub fn ping(&self) -> Result<()> {
+        if let Some(members) = self.inner.backend.redlock_members() {
+            return self.on_members(members, "", &redis::cmd("PING")).map(drop);
+        }
         self.query::<String>("", &redis::cmd("PING")).map(drop)
+    }
+
+    /// One command on every Redlock member (one round); the answers of those that answered,
+    /// or an error when fewer than a majority did.
+    fn on_members(
+        &self,
+        members: &crate::backend::redlock::Redlock,
+        key: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<Vec<redis::Value>> {
+        let backend = &self.inner.backend;
+        let deadline = std::time::Instant::now() + backend.io_timeout;
+        let round = members.round(
+            key,
+            &[Call::cmd(cmd)],
+            crate::backend::Lane::Urgent,
+            deadline,
+        );
+        let mut answers = Vec::new();
+        let mut failures = Vec::new();
+        for (i, outcome) in round.outcomes.into_iter().enumerate() {
+            match outcome.map(|v| v.into_iter().next()) {
+                Ok(Some(redis::Value::ServerError(e))) => failures.push(format!(
+                    "{}: {}",
+                    members.name(i),
+                    connection::server_error(&e)
+                )),
+                Ok(Some(value)) => answers.push(value),
+                Ok(None) => failures.push(format!("{}: no reply", members.name(i))),
+                Err(e) => failures.push(format!("{}: {e}", members.name(i))),
+            }
+        }
+        if answers.len() >= members.quorum() {
+            Ok(answers)
+        } else {
+            Err(Error::new(
+                crate::ErrorKind::Connection,
+                format!(
+                    "{} of {} primaries answered, {} needed: {}",
+                    answers.len(),
+                    members.members.len(),
+                    members.quorum(),
+                    failures.join("; ")
+                ),
+            ))
+        }
     }
 
     /// One command on the caller lane, on the server that owns `key`.
@@ -265,6 +366,23 @@ impl fmt::Debug for Client {
             .field("options", &self.inner.options)
             .finish()
     }
+}
+
+/// The backend for one parsed URL, with the client's options.
+fn backend_for(target: &url::Target, options: &ClientOptions) -> Result<Backend> {
+    let tls = Arc::new(TlsSetup::new(target.tls, options.tls_ca_cert.clone())?);
+    let factory = NodeFactory {
+        tls,
+        login: target.login.clone(),
+        connect_timeout: options.connect_timeout,
+        pool_size: options.pool_size,
+    };
+    Ok(Backend::open(
+        target,
+        factory,
+        options.io_timeout,
+        options.pool_wait,
+    ))
 }
 
 /// `host/pid`, for the owner label of tokens.

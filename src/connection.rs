@@ -261,11 +261,11 @@ fn wait_ready(fd: RawFd, events: i16, deadline: Instant, watch: &Watch) -> io::R
         if watch.cancelled() {
             return Err(io::Error::other(CancelledWait));
         }
+        // Past the deadline, one look without waiting: what has arrived still counts (a
+        // reply read after another member's slow one, in a Redlock round).
         let now = Instant::now();
-        if now >= deadline {
-            return Err(io::Error::from(io::ErrorKind::TimedOut));
-        }
-        let mut left = deadline - now;
+        let late = now >= deadline;
+        let mut left = deadline.saturating_duration_since(now);
         if watch.is_active() {
             left = left.min(cancel::SLICE);
         }
@@ -299,6 +299,9 @@ fn wait_ready(fd: RawFd, events: i16, deadline: Instant, watch: &Watch) -> io::R
         if fds[0].revents != 0 {
             // Ready, or an error or hang-up that the next read or write reports.
             return Ok(());
+        }
+        if late {
+            return Err(io::Error::from(io::ErrorKind::TimedOut));
         }
         if fds[1].revents != 0 && !watch.cancelled() {
             cancel::drain_wake_fd();

@@ -225,8 +225,11 @@ impl Client {
     pub fn check(&self) -> Result<ServerCheck> {
         let backend = &self.inner.backend;
         let run = |cmd: &redis::Cmd| -> Result<Value> {
-            let replies =
-                backend.run("", &[Call::cmd(cmd)], &backend.exec_on(backend.caller_lane(None)))?;
+            let replies = backend.run(
+                "",
+                &[Call::cmd(cmd)],
+                &backend.exec_on(backend.caller_lane(None)),
+            )?;
             Ok(replies.values.into_iter().next().unwrap_or(Value::Nil))
         };
         let mut round_trips = Vec::new();

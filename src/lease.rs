@@ -22,6 +22,7 @@ use crate::backend::{self, Backend, Call, Exec, Lane, Replicas};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::process;
+use crate::redlock;
 use crate::scripts;
 use crate::token;
 use crate::waiting;
@@ -325,19 +326,29 @@ impl Lease {
             ..self.backend.exec_on(lane)
         };
         let attempt_at = Instant::now();
-        let result = self
-            .backend
-            .run(&self.keys.lock, &calls, &how)
-            .and_then(|replies| {
-                let mut values = replies.values.into_iter();
-                let extended = backend::reply::<i64>(values.next().unwrap_or(redis::Value::Nil))?;
-                if let (1, Some(replicas)) = (extended, &self.replicas) {
-                    // Extended on the primary but not known to the replicas: the previous
-                    // deadline stays (the server's new expiry is only later).
-                    replicas.check(values.next(), "extending")?;
-                }
-                Ok((extended, replies.sent_at))
-            });
+        let result = if let Some(members) = self.backend.redlock_members() {
+            let outcome =
+                redlock::extend(&self.backend, members, &self.keys, &self.token, ttl, cutoff);
+            match outcome {
+                Ok(redlock::ExtendOutcome::Extended(sent_at)) => Ok((1, sent_at)),
+                Ok(redlock::ExtendOutcome::Lost) => Ok((0, attempt_at)),
+                Err(e) => Err(e),
+            }
+        } else {
+            self.backend
+                .run(&self.keys.lock, &calls, &how)
+                .and_then(|replies| {
+                    let mut values = replies.values.into_iter();
+                    let extended =
+                        backend::reply::<i64>(values.next().unwrap_or(redis::Value::Nil))?;
+                    if let (1, Some(replicas)) = (extended, &self.replicas) {
+                        // Extended on the primary but not known to the replicas: the previous
+                        // deadline stays (the server's new expiry is only later).
+                        replicas.check(values.next(), "extending")?;
+                    }
+                    Ok((extended, replies.sent_at))
+                })
+        };
         let mut s = self.state();
         match result {
             Ok((1, sent_at)) => {
@@ -366,6 +377,20 @@ impl Lease {
     /// one) on the urgent lane, which never waits for a pooled connection.
     /// `Ok(false)`: the key no longer held the token.
     pub fn release_on_server(&self) -> Result<bool> {
+        if let Some(members) = self.backend.redlock_members() {
+            let (ttl, valid_until) = {
+                let s = self.state();
+                (s.ttl, s.deadline)
+            };
+            return redlock::release(
+                &self.backend,
+                members,
+                &self.keys,
+                &self.token,
+                ttl,
+                valid_until,
+            );
+        }
         release_token(&self.backend, &self.keys, &self.token, None, false)
     }
 }

@@ -45,6 +45,7 @@ mod lease;
 mod lock;
 mod pool;
 mod process;
+mod redlock;
 mod renewal;
 mod scripts;
 mod tls;

@@ -158,8 +158,28 @@ impl<'a> LockBuilder<'a> {
             watch,
             replicas,
         };
-        let granted = acquire.run()?;
-        let granted = acquire.settle(granted, self.renew)?;
+        let granted = match inner.backend.redlock_members() {
+            Some(members) => {
+                if acquire.replicas.is_some() {
+                    return Err(Error::invalid(
+                        "min_replicas is for a single primary; a Redlock lock already waits for a majority of primaries",
+                    ));
+                }
+                crate::redlock::acquire(
+                    &inner.backend,
+                    members,
+                    &keys,
+                    &token,
+                    ttl,
+                    wait,
+                    &acquire.watch,
+                )?
+            }
+            None => {
+                let granted = acquire.run()?;
+                acquire.settle(granted, self.renew)?
+            }
+        };
         let lease = Lease::new(
             inner.backend.clone(),
             keys,

@@ -196,6 +196,11 @@ impl Pool {
         }
     }
 
+    /// Whether an idle connection is at hand.
+    pub fn has_idle(&self) -> bool {
+        !self.state().idle.is_empty()
+    }
+
     /// Closes every idle connection (the client is closing).
     pub fn close_idle(&self) {
         let idle = std::mem::take(&mut self.state().idle);

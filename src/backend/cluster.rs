@@ -150,6 +150,12 @@ impl Cluster {
         }
     }
 
+    /// The primary of `key`'s slot.
+    pub fn node_for_key(&self, key: &str, deadline: Instant) -> Result<Arc<Node>> {
+        let slot = (!key.is_empty()).then(|| usize::from(key_slot(key.as_bytes())));
+        self.node_for(slot, deadline)
+    }
+
     /// Every primary that serves a slot (refreshing the map first).
     pub fn primaries(&self, deadline: Instant) -> Result<Vec<Arc<Node>>> {
         self.refresh(deadline)?;

@@ -21,6 +21,7 @@
 
 pub(crate) mod cluster;
 pub(crate) mod node;
+pub(crate) mod redlock;
 pub(crate) mod sentinel;
 
 use std::sync::Arc;
@@ -36,6 +37,7 @@ use crate::url::{Addr, Target, Topology};
 
 use self::cluster::Cluster;
 use self::node::{Node, NodeFactory};
+use self::redlock::Redlock;
 use self::sentinel::Sentinel;
 
 /// How late Redis may end a blocking command past its timeout: it checks blocked clients'
@@ -207,6 +209,7 @@ enum Deployment {
     Single(Arc<Node>),
     Sentinel(Sentinel),
     Cluster(Cluster),
+    Redlock(Redlock),
 }
 
 impl Backend {
@@ -244,6 +247,60 @@ impl Backend {
         }
     }
 
+    /// A Redlock deployment over `members` (each a single server or a Sentinel deployment).
+    pub fn redlock(
+        members: Vec<Backend>,
+        io_timeout: Duration,
+        pool_wait: Duration,
+        connect_timeout: Duration,
+    ) -> Backend {
+        let describe = format!(
+            "redlock({})",
+            members
+                .iter()
+                .map(|m| m.describe.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Backend {
+            deployment: Deployment::Redlock(Redlock::new(members)),
+            io_timeout,
+            pool_wait,
+            connect_timeout,
+            describe,
+        }
+    }
+
+    /// The Redlock members, when this is a Redlock deployment: the lock code then runs the
+    /// quorum protocol of [`crate::redlock`] instead of single requests.
+    pub fn redlock_members(&self) -> Option<&Redlock> {
+        match &self.deployment {
+            Deployment::Redlock(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The node that owns `key` now (discovering or refreshing the topology within
+    /// `deadline`). Not for Redlock deployments.
+    pub fn node_for(&self, key: &str, deadline: Instant) -> Result<Arc<Node>> {
+        match &self.deployment {
+            Deployment::Single(node) => Ok(node.clone()),
+            Deployment::Sentinel(sentinel) => sentinel.primary_node(deadline),
+            Deployment::Cluster(cluster) => cluster.node_for_key(key, deadline),
+            Deployment::Redlock(_) => Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "a Redlock deployment has no single node for a key",
+            )),
+        }
+    }
+
+    /// `node` failed a request: stop using it until rediscovered (Sentinel).
+    pub fn node_failed(&self, node: &Arc<Node>) {
+        if let Deployment::Sentinel(sentinel) = &self.deployment {
+            sentinel.forget(node);
+        }
+    }
+
     /// Runs `calls` on the server that owns `key` (any server for an empty key).
     /// `Ok(None)` only on [`Lane::Blocking`] when no blocking connection is free.
     pub fn exec(&self, key: &str, calls: &[Call], how: &Exec<'_>) -> Result<Option<Replies>> {
@@ -251,6 +308,10 @@ impl Backend {
             Deployment::Single(node) => node.exec(calls, how),
             Deployment::Sentinel(sentinel) => sentinel.exec(calls, how, self.retry_deadline(how)),
             Deployment::Cluster(cluster) => cluster.exec(key, calls, how, self.retry_deadline(how)),
+            Deployment::Redlock(_) => Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "this operation is not available on a Redlock client (only locks are)",
+            )),
         }
     }
 
@@ -290,6 +351,12 @@ impl Backend {
             Deployment::Cluster(cluster) => {
                 cluster.primaries(Instant::now() + self.connect_timeout + self.io_timeout)?
             }
+            Deployment::Redlock(_) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    "listing locks is not available on a Redlock client",
+                ));
+            }
         };
         let mut keys = Vec::new();
         for node in nodes {
@@ -325,6 +392,11 @@ impl Backend {
             Deployment::Single(node) => node.close_idle(),
             Deployment::Sentinel(sentinel) => sentinel.close_idle(),
             Deployment::Cluster(cluster) => cluster.close_idle(),
+            Deployment::Redlock(redlock) => {
+                for member in &redlock.members {
+                    member.close_idle();
+                }
+            }
         }
     }
 
@@ -415,13 +487,34 @@ pub(crate) fn back_off(attempt: u32, deadline: Instant) {
 /// Writes `calls` in one request on `conn` and reads their replies; resends from the first
 /// script answered `NOSCRIPT`, as `EVAL`.
 pub(crate) fn run_calls(conn: &mut Connection, calls: &[Call], how: &Exec<'_>) -> Result<Replies> {
-    let cut = |t: Instant| how.cutoff.map_or(t, |c| t.min(c));
+    let sent_at = send_calls(conn, calls, how)?;
+    finish_calls(conn, calls, sent_at, how)
+}
+
+/// The first half of [`run_calls`]: writes the request; returns when it was written.
+pub(crate) fn send_calls(conn: &mut Connection, calls: &[Call], how: &Exec<'_>) -> Result<Instant> {
     let mut packed = Vec::with_capacity(calls.iter().map(|c| c.packed.len()).sum());
     for call in calls {
         packed.extend_from_slice(&call.packed);
     }
     let sent_at = Instant::now();
-    conn.send(&packed, calls.len(), cut(sent_at + how.io))?;
+    let deadline = sent_at + how.io;
+    conn.send(
+        &packed,
+        calls.len(),
+        how.cutoff.map_or(deadline, |c| deadline.min(c)),
+    )?;
+    Ok(sent_at)
+}
+
+/// The second half of [`run_calls`]: reads the replies of a request written at `sent_at`.
+pub(crate) fn finish_calls(
+    conn: &mut Connection,
+    calls: &[Call],
+    sent_at: Instant,
+    how: &Exec<'_>,
+) -> Result<Replies> {
+    let cut = |t: Instant| how.cutoff.map_or(t, |c| t.min(c));
     let mut values = read_replies(conn, calls, sent_at, how)?;
     if let Some(first) = values.iter().position(is_noscript) {
         let again = &calls[first..];

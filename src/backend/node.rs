@@ -10,7 +10,7 @@ use crate::backend::{Call, Exec, Lane, Replies, reply, run_calls};
 use crate::cancel::Watch;
 use crate::connection::{Connection, Connector};
 use crate::error::Result;
-use crate::pool::{self, Pool};
+use crate::pool::{self, Pool, Pooled};
 use crate::tls::TlsSetup;
 use crate::url::{Addr, Login};
 
@@ -68,6 +68,17 @@ impl Node {
     /// Runs `calls` on this node (see [`crate::backend`]). `Ok(None)` on the blocking lane
     /// when all its connections are taken.
     pub fn exec(&self, calls: &[Call], how: &Exec<'_>) -> Result<Option<Replies>> {
+        let Some(mut pooled) = self.checkout(how)? else {
+            return Ok(None);
+        };
+        run_calls(pooled.conn(), calls, how)
+            .map(Some)
+            .map_err(|e| e.context(&format!("talking to {}", self.addr)))
+    }
+
+    /// A connection on `how.lane` (connecting by the cutoff, or within the connect
+    /// timeout). `Ok(None)` on the blocking lane when all its connections are taken.
+    pub fn checkout(&self, how: &Exec<'_>) -> Result<Option<Pooled<'_>>> {
         let (pool, lane) = match how.lane {
             Lane::Caller(until) => (&self.pool, pool::Lane::Caller(until)),
             Lane::Blocking => (&self.pool, pool::Lane::Blocking),
@@ -82,12 +93,15 @@ impl Node {
                 check_eviction_policy(probe.conn(), &self.addr.to_string(), how);
             }
         }
-        let Some(mut pooled) = pool.checkout(lane, connect_by)? else {
-            return Ok(None);
-        };
-        run_calls(pooled.conn(), calls, how)
-            .map(Some)
-            .map_err(|e| e.context(&format!("talking to {}", self.addr)))
+        pool.checkout(lane, connect_by)
+    }
+
+    /// Whether an idle connection is at hand (a checkout would not have to connect).
+    pub fn has_idle(&self, lane: Lane) -> bool {
+        match lane {
+            Lane::Renewal => self.renewal.has_idle(),
+            _ => self.pool.has_idle(),
+        }
     }
 
     pub fn close_idle(&self) {

@@ -139,7 +139,7 @@ impl Sentinel {
     }
 
     /// Stops using `node` (if it is still the one in use).
-    fn forget(&self, node: &Arc<Node>) {
+    pub fn forget(&self, node: &Arc<Node>) {
         let mut primary = self.primary();
         if primary.as_ref().is_some_and(|p| Arc::ptr_eq(p, node)) {
             *primary = None;

@@ -104,6 +104,11 @@ pub struct lock_acquire_options_t {
     pub on_interrupt: lock_interrupt_cb,
     /// Passed to `on_interrupt` as is.
     pub interrupt_user_data: *mut c_void,
+    /// Replicas that must acknowledge the acquire and every extend and renewal (`WAIT`);
+    /// too few roll the acquire back (`LOCK_ERR_REPLICATION`). 0 (the default): none.
+    pub min_replicas: u32,
+    /// How long to wait for those acknowledgements, in ms. Default 1000.
+    pub min_replicas_timeout_ms: u64,
 }
 
 struct LockEntry {
@@ -210,6 +215,8 @@ fn acquire_options_sizes() -> Vec<usize> {
         end(offset_of!(T, cancel), size_of::<u64>()),
         end(offset_of!(T, on_interrupt), size_of::<usize>()),
         end(offset_of!(T, interrupt_user_data), size_of::<usize>()),
+        end(offset_of!(T, min_replicas), size_of::<u32>()),
+        end(offset_of!(T, min_replicas_timeout_ms), size_of::<u64>()),
     ]
 }
 
@@ -236,6 +243,8 @@ fn default_acquire_options() -> lock_acquire_options_t {
         cancel: 0,
         on_interrupt: None,
         interrupt_user_data: std::ptr::null_mut(),
+        min_replicas: 0,
+        min_replicas_timeout_ms: 1000,
     }
 }
 
@@ -288,21 +297,78 @@ pub unsafe extern "C" fn lock_client_open_opts(
                 "opts",
             )
         }?;
-        let mut options = ClientOptions::default()
-            .connect_timeout(millis(opts.connect_timeout_ms))
-            .io_timeout(millis(opts.io_timeout_ms))
-            .pool_size(opts.pool_size as usize)
-            .pool_wait(millis(opts.pool_wait_ms));
-        if let Some(prefix) = unsafe { opt_str_arg(opts.key_prefix, "key_prefix") }? {
-            options = options.key_prefix(prefix);
-        }
-        if let Some(label) = unsafe { opt_str_arg(opts.owner_label, "owner_label") }? {
-            options = options.owner_label(label);
-        }
-        if let Some(path) = unsafe { opt_str_arg(opts.tls_ca_cert_file, "tls_ca_cert_file") }? {
-            options = options.tls_ca_cert(args::read_small_file(path, "the CA certificate")?);
-        }
+        let options = unsafe { client_options(&opts) }?;
         unsafe { open_client(url, options, out_client) }
+    })
+}
+
+/// Converts C client options.
+///
+/// # Safety
+/// The strings in `opts` are NULL or NUL-terminated.
+unsafe fn client_options(opts: &lock_client_options_t) -> Result<ClientOptions, Failure> {
+    let mut options = ClientOptions::default()
+        .connect_timeout(millis(opts.connect_timeout_ms))
+        .io_timeout(millis(opts.io_timeout_ms))
+        .pool_size(opts.pool_size as usize)
+        .pool_wait(millis(opts.pool_wait_ms));
+    if let Some(prefix) = unsafe { opt_str_arg(opts.key_prefix, "key_prefix") }? {
+        options = options.key_prefix(prefix);
+    }
+    if let Some(label) = unsafe { opt_str_arg(opts.owner_label, "owner_label") }? {
+        options = options.owner_label(label);
+    }
+    if let Some(path) = unsafe { opt_str_arg(opts.tls_ca_cert_file, "tls_ca_cert_file") }? {
+        options = options.tls_ca_cert(args::read_small_file(path, "the CA certificate")?);
+    }
+    Ok(options)
+}
+
+/// Opens a Redlock client: its locks are taken on a majority of the `count` independent
+/// primaries `urls` (1 to 15; each a single-server or Sentinel URL, no two naming the same
+/// server), in parallel. `options` may be NULL for the defaults. No connection is made yet.
+/// Its locks have no fencing token (`lock_fencing_token` gives 0): see the README.
+/// Errors: `LOCK_ERR_ARGUMENT` for NULL pointers, a count of 0 or over 15, a malformed,
+/// Cluster or duplicate URL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lock_client_open_redlock(
+    urls: *const *const c_char,
+    count: usize,
+    options: *const lock_client_options_t,
+    out_client: *mut lock_client_t,
+) -> i32 {
+    boundary(|| {
+        let out = unsafe { Out::new(out_client, "out_client") }?;
+        if urls.is_null() {
+            return Err(Failure::argument("urls is NULL"));
+        }
+        if count == 0 || count > 15 {
+            return Err(Failure::argument(format!(
+                "Redlock takes 1 to 15 primaries, got {count}"
+            )));
+        }
+        // SAFETY: non-NULL, and the caller promised `count` readable pointers.
+        let pointers = unsafe { std::slice::from_raw_parts(urls, count) };
+        let mut list = Vec::with_capacity(count);
+        for (i, &url) in pointers.iter().enumerate() {
+            list.push(unsafe { str_arg(url, &format!("urls[{i}]")) }?);
+        }
+        let options = if options.is_null() {
+            ClientOptions::default()
+        } else {
+            let opts = unsafe {
+                read_sized(
+                    options,
+                    default_client_options(),
+                    &client_options_sizes(),
+                    "options",
+                )
+            }?;
+            unsafe { client_options(&opts) }?
+        };
+        let client = Client::redlock(&list, options)?;
+        out.write(CLIENTS.insert(client));
+        Ok(())
     })
 }
 
@@ -351,6 +417,8 @@ pub unsafe extern "C" fn lock_acquire_options_init(
 /// `wait_ms`: 0 tries once; `UINT64_MAX` waits as long as it takes; otherwise waits up to
 /// that long. On `LOCK_OK`, `*out_lock` is a new handle to give back with `lock_release`.
 /// Other results: `LOCK_BUSY` (still held by another owner when the wait ended),
+/// `LOCK_ERR_REPLICATION` (too few replicas acknowledged: rolled back; see
+/// `lock_acquire_options_t.min_replicas`),
 /// `LOCK_CANCELLED` (see `lock_cancel_all`), `LOCK_ERR_ARGUMENT` (NULL, empty, over-long,
 /// reserved (`redlease:...`) or non-UTF-8 key, ttl under 10 ms), `LOCK_ERR_HANDLE`,
 /// `LOCK_ERR_CONNECTION` (also when a request's reply was lost: the lock is then not held
@@ -421,6 +489,10 @@ pub unsafe extern "C" fn lock_acquire_opts(
             }
             if let Some(cancel) = &cancel {
                 builder = builder.cancel_token(cancel);
+            }
+            if opts.min_replicas > 0 {
+                builder =
+                    builder.min_replicas(opts.min_replicas, millis(opts.min_replicas_timeout_ms));
             }
             if let Some(hook) = opts.on_interrupt {
                 let user_data = UserData(opts.interrupt_user_data);

@@ -8,7 +8,7 @@ are left to it: it refuses them with ``LOCK_ERR_ARGUMENT``, which is the same ex
 
 import math
 import os
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 from ._errors import InvalidArgumentError
 from ._native import UINT64_MAX
@@ -114,3 +114,18 @@ def positive_int(value: object, what: str, limit: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < limit:
         raise InvalidArgumentError(f"{what} must be a positive int below {limit}, got {value!r}")
     return int(value)
+
+
+def min_replicas(value: object) -> Optional[Tuple[int, int]]:
+    """``(count, timeout_seconds)`` as ``(count, timeout_ms)``; ``None`` (or a count of 0) for
+    no replica acknowledgement."""
+    if value is None:
+        return None
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise InvalidArgumentError("min_replicas must be a (count, timeout_seconds) tuple")
+    count, timeout = value
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**32:
+        raise InvalidArgumentError("the min_replicas count must be an int from 0 to 2**32 - 1")
+    if count == 0:
+        return None
+    return count, duration_ms(timeout, "the min_replicas timeout")

@@ -12,9 +12,9 @@ import signal
 import threading
 import time
 import weakref
-from ctypes import byref, c_bool, c_int, c_uint64
+from ctypes import c_char_p, byref, c_bool, c_int, c_uint64
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 from . import _args, _native
 from ._args import Key
@@ -158,6 +158,31 @@ def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _client_options(
+    connect_timeout: Optional[float],
+    io_timeout: Optional[float],
+    pool_size: Optional[int],
+    pool_wait: Optional[float],
+    key_prefix: Optional[str],
+    owner_label: Optional[str],
+    tls_ca_cert_file: "Optional[Union[str, os.PathLike[str]]]",
+) -> "_native.ClientOptions":
+    """The C client options. The structure keeps the encoded strings alive while it lives."""
+    opts = _native.client_options()
+    if connect_timeout is not None:
+        opts.connect_timeout_ms = _args.duration_ms(connect_timeout, "connect_timeout")
+    if io_timeout is not None:
+        opts.io_timeout_ms = _args.duration_ms(io_timeout, "io_timeout")
+    if pool_wait is not None:
+        opts.pool_wait_ms = _args.duration_ms(pool_wait, "pool_wait")
+    if pool_size is not None:
+        opts.pool_size = _args.positive_int(pool_size, "pool_size", 2**32)
+    opts.key_prefix = _args.opt_str(key_prefix, "key_prefix")
+    opts.owner_label = _args.opt_str(owner_label, "owner_label")
+    opts.tls_ca_cert_file = _args.opt_path(tls_ca_cert_file, "tls_ca_cert_file")
+    return opts
+
+
 class Client:
     """A connection to one Redis server that hands out locks. Thread-safe.
 
@@ -193,23 +218,50 @@ class Client:
         if not isinstance(url, str):
             raise InvalidArgumentError(f"url must be a str, not {type(url).__name__}")
         url_bytes = _args.utf8(url, "url")
-        opts = _native.client_options()
-        if connect_timeout is not None:
-            opts.connect_timeout_ms = _args.duration_ms(connect_timeout, "connect_timeout")
-        if io_timeout is not None:
-            opts.io_timeout_ms = _args.duration_ms(io_timeout, "io_timeout")
-        if pool_wait is not None:
-            opts.pool_wait_ms = _args.duration_ms(pool_wait, "pool_wait")
-        if pool_size is not None:
-            opts.pool_size = _args.positive_int(pool_size, "pool_size", 2**32)
-        # The structure keeps the encoded strings alive for the duration of the call.
-        opts.key_prefix = _args.opt_str(key_prefix, "key_prefix")
-        opts.owner_label = _args.opt_str(owner_label, "owner_label")
-        opts.tls_ca_cert_file = _args.opt_path(tls_ca_cert_file, "tls_ca_cert_file")
+        opts = _client_options(
+            connect_timeout, io_timeout, pool_size, pool_wait, key_prefix, owner_label, tls_ca_cert_file
+        )
         handle = _native.lock_client_t()
         _native.check(lib.lock_client_open_opts(url_bytes, byref(opts), byref(handle)))
         self._handle = handle.value
         self._url = _native.read_string(lib.lock_client_url, self._handle)
+
+    @classmethod
+    def redlock(
+        cls,
+        urls: "Sequence[str]",
+        *,
+        connect_timeout: Optional[float] = None,
+        io_timeout: Optional[float] = None,
+        pool_size: Optional[int] = None,
+        pool_wait: Optional[float] = None,
+        key_prefix: Optional[str] = None,
+        owner_label: Optional[str] = None,
+        tls_ca_cert_file: "Optional[Union[str, os.PathLike[str]]]" = None,
+    ) -> "Client":
+        """A client whose locks are taken on a majority of the independent primaries
+        ``urls`` (1 to 15 single-server or Sentinel URLs), in parallel (Redlock). Its locks
+        have no fencing token (``fencing_token`` is 0): see the README for what Redlock
+        promises and what it cannot. Options as for :class:`Client`.
+
+        Raises :class:`InvalidArgumentError` for no URL, more than 15, a bad, Cluster or
+        duplicate URL, or a bad option."""
+        if isinstance(urls, (str, bytes)) or not all(isinstance(u, str) for u in urls):
+            raise InvalidArgumentError("urls must be a sequence of str")
+        encoded = [_args.utf8(u, "url") for u in urls]
+        opts = _client_options(
+            connect_timeout, io_timeout, pool_size, pool_wait, key_prefix, owner_label, tls_ca_cert_file
+        )
+        array = (c_char_p * max(len(encoded), 1))(*encoded)
+        handle = _native.lock_client_t()
+        _native.check(lib.lock_client_open_redlock(array, len(encoded), byref(opts), byref(handle)))
+        client = cls.__new__(cls)
+        client._handle = handle.value
+        client._pid = os.getpid()
+        client._close_lock = threading.Lock()
+        client._url = _native.read_string(lib.lock_client_url, client._handle, 16384)
+        return client
+
 
     @property
     def url(self) -> str:
@@ -225,15 +277,20 @@ class Client:
         renew: bool = True,
         on_lost: Optional[LostHandler] = None,
         cancel: Optional[CancelToken] = None,
+        min_replicas: Optional[Tuple[int, float]] = None,
     ) -> "Lock":
         """A lock on ``key``, not yet acquired: use it in a ``with`` block (which acquires,
         waiting up to ``wait`` seconds, or as long as it takes for ``None``) or call
         :meth:`Lock.acquire`. ``ttl`` is the lease in seconds (at least 0.01), renewed every
         ttl/3 while held unless ``renew`` is false. ``on_lost(lock, reason)`` runs on the
         renewal thread if the lock is lost. ``cancel.cancel()`` ends a blocked acquire.
+        ``min_replicas=(n, timeout_seconds)``: ``n`` replicas must acknowledge the acquire
+        and every extend (``WAIT``); too few roll the acquire back (:class:`ReplicationError`).
 
         Does not block. Raises :class:`InvalidArgumentError` for a bad argument."""
-        return Lock(self, key, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel)
+        return Lock(
+            self, key, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel, min_replicas=min_replicas
+        )
 
     def acquire(
         self,
@@ -244,6 +301,7 @@ class Client:
         renew: bool = True,
         on_lost: Optional[LostHandler] = None,
         cancel: Optional[CancelToken] = None,
+        min_replicas: Optional[Tuple[int, float]] = None,
     ) -> "Lock":
         """Acquires ``key`` and returns the held :class:`Lock`. Blocks up to ``wait`` seconds
         (0: try once; ``None``: as long as it takes) without holding the GIL; Ctrl-C on the
@@ -254,7 +312,9 @@ class Client:
         is held after any of these), :class:`InvalidArgumentError` for a bad argument
         (``ttl`` under 0.01 s, a key beginning with ``redlease:``, ...),
         :class:`RedisConnectionError` or :class:`RedisServerError`."""
-        return self.lock(key, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel).acquire()
+        return self.lock(
+            key, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel, min_replicas=min_replicas
+        ).acquire()
 
     def lock_async(
         self,
@@ -264,13 +324,14 @@ class Client:
         *,
         renew: bool = True,
         on_lost: Optional[LostHandler] = None,
+        min_replicas: Optional[Tuple[int, float]] = None,
     ) -> "AsyncLock":
         """The asyncio face of :meth:`lock`: ``async with client.lock_async(key) as lk:``.
         The blocking calls run in worker threads, and cancelling the task ends a blocked
         acquire. Does not block."""
         from ._async import AsyncLock
 
-        return AsyncLock(self.lock(key, ttl, wait, renew=renew, on_lost=on_lost))
+        return AsyncLock(self.lock(key, ttl, wait, renew=renew, on_lost=on_lost, min_replicas=min_replicas))
 
     async def acquire_async(
         self,
@@ -280,11 +341,14 @@ class Client:
         *,
         renew: bool = True,
         on_lost: Optional[LostHandler] = None,
+        min_replicas: Optional[Tuple[int, float]] = None,
     ) -> "AsyncLock":
         """The asyncio face of :meth:`acquire`: ``lk = await client.acquire_async(key)``.
         Waits in a worker thread; cancelling the task ends the wait (``CancelledError``,
         nothing held). Raises as :meth:`acquire`."""
-        return await self.lock_async(key, ttl, wait, renew=renew, on_lost=on_lost).acquire()
+        return await self.lock_async(
+            key, ttl, wait, renew=renew, on_lost=on_lost, min_replicas=min_replicas
+        ).acquire()
 
     def is_locked(self, key: Key) -> bool:
         """Whether anyone holds ``key`` right now. Blocks for one round trip."""
@@ -357,9 +421,11 @@ class Lock:
         renew: bool = True,
         on_lost: Optional[LostHandler] = None,
         cancel: Optional[CancelToken] = None,
+        min_replicas: Optional[Tuple[int, float]] = None,
     ) -> None:
         self._handle = 0
         self._client = client
+        self._min_replicas = _args.min_replicas(min_replicas)
         self._key = _args.key_bytes(key)
         self._ttl_ms = _args.duration_ms(ttl, "ttl")
         self._wait_ms = _args.wait_ms(wait)
@@ -437,6 +503,8 @@ class Lock:
             opts = _native.acquire_options()
             opts.renew = self._renew
             opts.on_lost = _on_lost_from_c
+            if self._min_replicas is not None:
+                opts.min_replicas, opts.min_replicas_timeout_ms = self._min_replicas
             if cancel is not None:
                 opts.cancel = cancel.handle
             wait_ms = self._wait_left(started)

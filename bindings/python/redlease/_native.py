@@ -61,6 +61,8 @@ class AcquireOptions(Structure):
         ("cancel", lock_cancel_t),
         ("on_interrupt", INTERRUPT_CALLBACK),
         ("interrupt_user_data", c_void_p),
+        ("min_replicas", c_uint32),
+        ("min_replicas_timeout_ms", c_uint64),
     ]
 
 
@@ -109,6 +111,11 @@ _declare("lock_client_options_init", c_int32, [POINTER(ClientOptions), c_size_t]
 _declare("lock_client_open", c_int32, [c_char_p, POINTER(lock_client_t)])
 _declare("lock_client_open_opts", c_int32, [c_char_p, POINTER(ClientOptions), POINTER(lock_client_t)])
 _declare("lock_client_close", c_int32, [lock_client_t])
+_declare(
+    "lock_client_open_redlock",
+    c_int32,
+    [POINTER(c_char_p), c_size_t, POINTER(ClientOptions), POINTER(lock_client_t)],
+)
 _declare("lock_client_url", c_int32, [lock_client_t, POINTER(c_char), c_size_t])
 _declare("lock_acquire_options_init", c_int32, [POINTER(AcquireOptions), c_size_t])
 _declare("lock_acquire", c_int32, [lock_client_t, c_char_p, c_uint64, c_uint64, POINTER(lock_t)])

@@ -1,0 +1,151 @@
+//! The members of a Redlock deployment, and one *round*: the same calls sent to every
+//! member, in parallel.
+//!
+//! A round writes the request to every member before it reads any reply, so its time is
+//! that of the slowest member (bounded by the per-member deadline), not the sum. It spawns
+//! no thread when every member has an idle connection; only members that must connect
+//! are connected to from short-lived threads of their own, so that a member whose connect
+//! hangs cannot use up the others' time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::backend::node::Node;
+use crate::backend::{Backend, Call, Exec, Lane, Redirect, finish_calls, send_calls};
+use crate::cancel::Watch;
+use crate::error::{Error, Result};
+use crate::pool::Pooled;
+
+/// The members (independent primaries, or Sentinel deployments).
+pub(crate) struct Redlock {
+    pub members: Vec<Backend>,
+}
+
+/// What every member answered in one round.
+pub(crate) struct Round {
+    /// Per member, in order: its replies, or why there are none.
+    pub outcomes: Vec<Result<Vec<Value>>>,
+}
+
+impl Redlock {
+    pub fn new(members: Vec<Backend>) -> Self {
+        Redlock { members }
+    }
+
+    /// How many members make a majority.
+    pub fn quorum(&self) -> usize {
+        self.members.len() / 2 + 1
+    }
+
+    /// A short description of member `i`, for messages.
+    pub fn name(&self, i: usize) -> &str {
+        self.members[i].describe()
+    }
+
+    /// Sends `calls` on `key` to every member and reads the replies, nothing past
+    /// `deadline`.
+    pub fn round(&self, key: &str, calls: &[Call], lane: Lane, deadline: Instant) -> Round {
+        let watch = Watch::none();
+        let how = Exec {
+            lane,
+            io: deadline.saturating_duration_since(Instant::now()),
+            cutoff: Some(deadline),
+            watch: &watch,
+        };
+        let nodes: Vec<Result<Arc<Node>>> = self
+            .members
+            .iter()
+            .map(|m| m.node_for(key, deadline))
+            .collect();
+        let checkouts = checkout_all(&nodes, &how);
+        let mut in_flight: Vec<Result<(Pooled<'_>, Instant)>> = Vec::with_capacity(nodes.len());
+        for checkout in checkouts {
+            in_flight.push(checkout.and_then(|mut pooled| {
+                let at = send_calls(pooled.conn(), calls, &how)?;
+                Ok((pooled, at))
+            }));
+        }
+        let outcomes = in_flight
+            .into_iter()
+            .enumerate()
+            .map(|(i, flight)| {
+                let (mut pooled, at) = flight?;
+                let replies = finish_calls(pooled.conn(), calls, at, &how)?;
+                if let (Ok(node), Some(Value::ServerError(_))) = (&nodes[i], replies.values.first())
+                {
+                    if matches!(
+                        Redirect::of(&replies.values[0], &node.addr),
+                        Some(Redirect::ReadOnly)
+                    ) {
+                        self.members[i].node_failed(node);
+                    }
+                }
+                Ok(replies.values)
+            })
+            .collect();
+        Round { outcomes }
+    }
+
+    pub fn describe_outcomes(&self, what: &[String]) -> String {
+        what.iter()
+            .enumerate()
+            .map(|(i, w)| format!("{}: {w}", self.name(i)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// Checks out one connection per node; nodes without an idle connection connect in
+/// threads of their own, in parallel.
+fn checkout_all<'a>(nodes: &'a [Result<Arc<Node>>], how: &Exec<'_>) -> Vec<Result<Pooled<'a>>> {
+    let take = |node: &'a Result<Arc<Node>>| -> Result<Pooled<'a>> {
+        let node = node.as_ref().map_err(Clone::clone)?;
+        node.checkout(how)?.ok_or_else(|| {
+            Error::new(
+                crate::error::ErrorKind::Internal,
+                "no connection on the lane",
+            )
+        })
+    };
+    let must_connect = nodes
+        .iter()
+        .filter(|n| n.as_ref().is_ok_and(|n| !n.has_idle(how.lane)))
+        .count();
+    if must_connect <= 1 {
+        return nodes.iter().map(take).collect();
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = nodes
+            .iter()
+            .map(|node| {
+                let connects = node.as_ref().is_ok_and(|n| !n.has_idle(how.lane));
+                if connects {
+                    Err(scope.spawn(move || take(node)))
+                } else {
+                    Ok(take(node))
+                }
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(done) => done,
+                Err(thread) => thread.join().unwrap_or_else(|_| {
+                    Err(Error::new(
+                        crate::error::ErrorKind::Internal,
+                        "a connecting thread panicked",
+                    ))
+                }),
+            })
+            .collect()
+    })
+}
+
+/// The time each member is given in a round: much less than the ttl, at most the I/O
+/// timeout (the Redis documentation's "5-50 ms for a 10 s ttl" is for a LAN; this is
+/// ttl/10, at least 10 ms).
+pub(crate) fn per_member(ttl: Duration, io_timeout: Duration) -> Duration {
+    (ttl / 10).max(Duration::from_millis(10)).min(io_timeout)
+}

@@ -1,0 +1,304 @@
+//! Redlock (issue 11): one lock over N independent primaries, against 5 local primaries
+//! the tests start.
+
+mod support;
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redlease::{Client, ClientOptions, ErrorKind};
+use support::proxy::Proxy;
+use support::{RedisServer, within};
+
+fn primaries(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
+
+fn redlock(urls: &[String]) -> Client {
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    Client::redlock(&urls, ClientOptions::default()).unwrap()
+}
+
+fn urls(servers: &[RedisServer]) -> Vec<String> {
+    servers.iter().map(|s| s.url()).collect()
+}
+
+#[test]
+fn bad_member_lists_are_refused() {
+    let servers = primaries(1);
+    let url = servers[0].url();
+    for urls in [
+        vec![],
+        vec![url.as_str(), url.as_str()],
+        vec!["redis+cluster://127.0.0.1:1"],
+        vec!["nonsense"],
+    ] {
+        let err = Client::redlock(&urls, ClientOptions::default()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{urls:?}: {err}");
+    }
+    let many: Vec<String> = (1..=16)
+        .map(|p| format!("redis://127.0.0.1:{p}/0"))
+        .collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    assert!(Client::redlock(&many, ClientOptions::default()).is_err());
+    assert!(Client::redlock(&many[..15], ClientOptions::default()).is_ok());
+}
+
+/// For all 32 subsets of unavailable primaries among 5 (some stopped with SIGSTOP, some
+/// held by another token), acquire succeeds exactly when at least 3 are free, returns
+/// within its bound (the requests are parallel: one per-member timeout, not five), and
+/// leaves no key of a failed attempt on any member that answered.
+#[test]
+fn acquire_succeeds_exactly_with_a_free_majority_for_every_subset() {
+    let servers = primaries(5);
+    let client = redlock(&urls(&servers));
+    let ttl = Duration::from_secs(2);
+    // ttl/10, the per-member time of a round; an attempt is at most two rounds (acquire,
+    // then give back).
+    let bound = Duration::from_millis(2 * 200 + 400);
+    for mask in 0u32..32 {
+        let name = format!("subset-{mask}");
+        let mut stopped = Vec::new();
+        for (i, server) in servers.iter().enumerate() {
+            if mask & (1 << i) == 0 {
+                continue;
+            }
+            if (mask as usize + i) % 2 == 0 {
+                server.pause();
+                stopped.push(i);
+            } else {
+                server.cmd::<()>(&["SET", &name, "someone-else", "PX", "60000"]);
+            }
+        }
+        let free = 5 - mask.count_ones();
+        let started = Instant::now();
+        let result = client.lock(&name).ttl(ttl).renew(false).try_acquire();
+        let took = started.elapsed();
+        for &i in &stopped {
+            servers[i].resume();
+        }
+        assert!(took < bound, "subset {mask:05b}: {took:?}");
+        match result {
+            Ok(guard) => {
+                assert!(free >= 3, "subset {mask:05b}: granted with {free} free");
+                assert_eq!(guard.fencing_token(), 0, "no fencing token in Redlock mode");
+                guard.release().unwrap_or_else(|e| {
+                    assert!(e.is_not_held() || e.is_unreachable(), "{e}");
+                });
+            }
+            Err(e) => {
+                assert!(free < 3, "subset {mask:05b}: refused with {free} free: {e}");
+                for (i, server) in servers.iter().enumerate() {
+                    if stopped.contains(&i) {
+                        continue;
+                    }
+                    let value: Option<String> = server.cmd(&["GET", &name]);
+                    assert!(
+                        value.is_none() || value.as_deref() == Some("someone-else"),
+                        "subset {mask:05b}: member {i} kept {value:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A member killed and restarted without persistence while a lock is held: the lock stays
+/// held while a majority keeps the key (the classic unsafety, a restart *before* the ttl
+/// on a majority, is in the README with its mitigation).
+#[test]
+fn a_restarted_member_does_not_lose_a_lock_a_majority_keeps() {
+    let mut servers = primaries(5);
+    let client = redlock(&urls(&servers));
+    let lost = Arc::new(AtomicBool::new(false));
+    let guard = {
+        let lost = lost.clone();
+        client
+            .lock("restart")
+            .ttl(Duration::from_millis(900))
+            .on_lost(move |_| lost.store(true, Ordering::SeqCst))
+            .acquire()
+            .unwrap()
+    };
+    servers[0].restart();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(guard.is_held() && !lost.load(Ordering::SeqCst));
+    let held_on = servers
+        .iter()
+        .filter(|s| s.cmd::<Option<String>>(&["GET", "restart"]).as_deref() == Some(guard.token()))
+        .count();
+    assert!(held_on >= 4, "held on {held_on} members");
+    guard.release().unwrap();
+}
+
+/// With one member behind a proxy that never answers, acquire, extend and release each
+/// return within one per-member time (ttl/10) plus a margin.
+#[test]
+fn every_call_is_bounded_with_a_member_blackholed() {
+    let servers = primaries(3);
+    let proxy = Proxy::start(servers[2].port);
+    let mut list = urls(&servers[..2]);
+    list.push(proxy.url());
+    let client = redlock(&list);
+    client.ping().unwrap();
+    proxy.blackhole(true);
+    let ttl = Duration::from_secs(1);
+    let margin = Duration::from_millis(300);
+    let started = Instant::now();
+    let guard = client
+        .lock("bounded")
+        .ttl(ttl)
+        .renew(false)
+        .try_acquire()
+        .unwrap();
+    assert!(
+        started.elapsed() < ttl / 10 + margin,
+        "acquire {:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    guard.extend(ttl).unwrap();
+    assert!(
+        started.elapsed() < ttl / 10 + margin,
+        "extend {:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    guard.release().unwrap();
+    assert!(
+        started.elapsed() < ttl / 10 + margin,
+        "release {:?}",
+        started.elapsed()
+    );
+    proxy.blackhole(false);
+}
+
+/// 8 threads in each of 2 processes contend for one Redlock lock: no two critical sections
+/// overlap (an interval log, checked offline), and every thread makes progress.
+#[test]
+fn two_processes_of_eight_threads_never_overlap() {
+    let servers = primaries(5);
+    let dir = tempfile::tempdir().unwrap();
+    let secs: u64 = std::env::var("REDLEASE_REDLOCK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    let joined = urls(&servers).join(" ");
+    let mut children = Vec::new();
+    for p in 0..2 {
+        let log = dir.path().join(format!("intervals-{p}.log"));
+        children.push(
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "contention_worker", "--ignored", "--nocapture"])
+                .env("REDLOCK_WORKER_URLS", &joined)
+                .env("REDLOCK_WORKER_LOG", &log)
+                .env("REDLOCK_WORKER_SECS", secs.to_string())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    for mut child in children {
+        let status = within(Duration::from_secs(secs + 60), move || {
+            child.wait().unwrap()
+        });
+        assert!(status.success());
+    }
+    let mut intervals: Vec<(u64, u64, String)> = Vec::new();
+    for p in 0..2 {
+        let text = std::fs::read_to_string(dir.path().join(format!("intervals-{p}.log"))).unwrap();
+        for line in text.lines() {
+            let mut parts = line.split_whitespace();
+            let (Some(start), Some(end), Some(who)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            intervals.push((start.parse().unwrap(), end.parse().unwrap(), who.to_owned()));
+        }
+    }
+    intervals.sort();
+    assert!(
+        intervals.len() > 50,
+        "only {} critical sections",
+        intervals.len()
+    );
+    for pair in intervals.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].1,
+            "overlap: {:?} and {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    let mut per_thread = std::collections::HashMap::new();
+    for (_, _, who) in &intervals {
+        *per_thread.entry(who.clone()).or_insert(0u64) += 1;
+    }
+    let (min, max) = (
+        per_thread.values().min().copied().unwrap_or(0),
+        per_thread.values().max().copied().unwrap_or(0),
+    );
+    eprintln!(
+        "{} critical sections by {} threads; fairness min/max {min}/{max} = {:.2}",
+        intervals.len(),
+        per_thread.len(),
+        min as f64 / max.max(1) as f64
+    );
+    assert_eq!(per_thread.len(), 16, "some thread never got the lock");
+}
+
+/// The worker process of the test above (run only when its environment is set).
+#[test]
+#[ignore]
+fn contention_worker() {
+    let Ok(urls) = std::env::var("REDLOCK_WORKER_URLS") else {
+        return;
+    };
+    let log = std::env::var("REDLOCK_WORKER_LOG").unwrap();
+    let secs: u64 = std::env::var("REDLOCK_WORKER_SECS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let urls: Vec<&str> = urls.split(' ').collect();
+    let client = Client::redlock(&urls, ClientOptions::default()).unwrap();
+    let file = Arc::new(Mutex::new(std::fs::File::create(log).unwrap()));
+    let stop = Instant::now() + Duration::from_secs(secs);
+    let now_ns = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec; CLOCK_MONOTONIC is shared by every process of the host.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (client, file) = (client.clone(), file.clone());
+            std::thread::spawn(move || {
+                let who = format!("{}-{t}", std::process::id());
+                while Instant::now() < stop {
+                    let Ok(guard) = client
+                        .lock("contended")
+                        .ttl(Duration::from_secs(2))
+                        .acquire_timeout(Duration::from_secs(5))
+                    else {
+                        continue;
+                    };
+                    let start = now_ns();
+                    std::thread::sleep(Duration::from_millis(2));
+                    let end = now_ns();
+                    if guard.is_held() {
+                        writeln!(file.lock().unwrap(), "{start} {end} {who}").unwrap();
+                    }
+                    let _ = guard.release();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
