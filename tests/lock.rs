@@ -777,3 +777,57 @@ fn operators_can_inspect_list_and_break_locks() {
     assert_eq!(guard.release().unwrap_err().kind(), ErrorKind::NotHeld);
     other.release().unwrap();
 }
+
+/// The commands the README's least-privilege ACL line allows (keep the two in step: the
+/// test reads the line from README.md).
+fn readme_acl_line() -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    readme
+        .lines()
+        .find(|l| l.trim_start().starts_with("ACL SETUSER locker"))
+        .expect("the README has an ACL SETUSER locker line")
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn a_least_privilege_acl_user_can_do_everything_locks_need() {
+    let server = RedisServer::start();
+    let line = readme_acl_line();
+    let mut cmd = redis::cmd("ACL");
+    for word in line.split_whitespace().skip(1) {
+        cmd.arg(word);
+    }
+    cmd.query::<()>(&mut server.conn()).unwrap();
+    let url = format!("redis://locker:locker-pw@127.0.0.1:{}/0", server.port);
+    let client = Client::with_options(&url, ClientOptions::default().key_prefix("app:")).unwrap();
+    client.ping().unwrap();
+    // Acquire, extend, renew, wait with a handoff, release, inspect.
+    let holder = client
+        .lock("job")
+        .ttl(Duration::from_millis(300))
+        .try_acquire()
+        .unwrap();
+    holder.extend(Duration::from_millis(300)).unwrap();
+    std::thread::sleep(Duration::from_millis(250));
+    assert!(holder.is_held());
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || client.lock("job").acquire_timeout(Duration::from_secs(5)))
+    };
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") >= 1));
+    holder.release().unwrap();
+    let guard = waiter.join().unwrap().unwrap();
+    assert!(client.is_locked("job").unwrap());
+    assert_eq!(
+        client.inspect("job").unwrap().holder.as_deref(),
+        Some(guard.token())
+    );
+    assert_eq!(client.locks("*", 10).unwrap().len(), 1);
+    guard.release().unwrap();
+    // Keys outside the prefix are refused by the ACL, not by redlease.
+    let other = Client::open(&url).unwrap();
+    let err = other.lock("elsewhere").try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Server, "{err}");
+}
