@@ -45,6 +45,21 @@ pub(crate) struct Granted {
     pub sent_at: Instant,
 }
 
+/// How long a cancelled acquire may spend withdrawing.
+const QUICK_WITHDRAW: Duration = Duration::from_millis(100);
+/// Pause before a waiter tries again after a connection failure.
+const RECOVERY_PAUSE: Duration = Duration::from_millis(100);
+
+/// What [`Acquire::settle`] made of a grant.
+enum Settled {
+    /// Held, with this lease.
+    Held(Granted),
+    /// Not held after all; nothing is held.
+    Again,
+    /// The lock could not be kept, nor was it confirmed given back.
+    Failed(Error),
+}
+
 /// What one attempt found.
 enum Attempt {
     Granted(Granted),
@@ -53,70 +68,122 @@ enum Attempt {
 }
 
 impl Acquire<'_> {
-    /// Acquires, waiting as the request says.
+    /// Acquires, waiting as the request says; `renew`: the lock will be renewed (a short
+    /// lease then needs no extend before returning, see [`settle`](Self::settle)).
+    ///
+    /// Every request shares one cutoff: the end of the wait plus one request's bounds
+    /// (pool wait, connect and I/O timeouts, and the lateness of a block), so the whole
+    /// acquire, its withdrawal included, returns within it.
     ///
     /// Errors: [`ErrorKind::Busy`] when the wait ends while another owner holds the lock,
     /// [`ErrorKind::Cancelled`], and the errors of the requests. On every error this
     /// caller holds nothing (or, when Redis became unreachable, a withdrawal was tried and
     /// the docs of [`crate::Error::outcome_unknown`] apply).
-    pub fn run(&self) -> Result<Granted> {
-        let grace = waiting::grace(self.backend.io_timeout);
-        let first_mode = if self.wait == Wait::No {
-            scripts::MODE_ONCE
-        } else {
-            scripts::MODE_WAITER
+    pub fn run(&self, renew: bool) -> Result<Granted> {
+        let backend = self.backend;
+        let started = Instant::now();
+        let one_request = backend.pool_wait
+            + backend.connect_timeout
+            + backend.io_timeout
+            + crate::backend::BLOCK_LATENESS;
+        let cutoff = match self.wait {
+            Wait::No => Some(started + one_request),
+            Wait::Until(deadline) => Some(deadline + one_request),
+            Wait::Forever => None,
         };
-        let lane = self
-            .backend
-            .caller_lane(self.wait.deadline().filter(|_| self.wait != Wait::No));
-        let mut pttl = match self.plain(first_mode, lane) {
-            Ok(Attempt::Granted(g)) => return Ok(g),
-            Ok(Attempt::Busy(pttl)) => pttl,
-            Err(e) => return Err(self.give_up(e, false)),
-        };
-        if self.wait == Wait::No {
-            return Err(self.busy());
-        }
+        let grace = waiting::grace(backend.io_timeout);
         let mut backoff = Backoff::new();
+        let mut registered = false;
+        let mut plain_next = true;
+        let mut failing_since: Option<Instant> = None;
+        let mut pttl = -1;
         loop {
-            if self.watch.cancelled() {
-                return Err(self.give_up(cancelled(), true));
+            let waits = self.wait != Wait::No;
+            if waits && self.watch.cancelled() {
+                return Err(self.give_up_by(cancelled(), registered, Some(QUICK_WITHDRAW), cutoff));
             }
             let left = self.wait.left(Instant::now());
-            if left == Some(Duration::ZERO) {
-                // The wait ended between two blocks: one last attempt, which withdraws.
-                return match self.plain(scripts::MODE_LAST, self.backend.caller_lane(None)) {
-                    Ok(Attempt::Granted(g)) => Ok(g),
-                    Ok(Attempt::Busy(_)) => Err(self.busy()),
-                    Err(e) => Err(self.give_up(e, true)),
-                };
-            }
-            let block = backoff.block_for(left, pttl, grace);
-            let last = left.is_some_and(|left| left <= block);
-            let mode = if last {
-                scripts::MODE_LAST
-            } else {
-                scripts::MODE_AFTER_BLOCK
+            let last = left == Some(Duration::ZERO);
+            // A waiter waits for a pooled connection no longer than its wait; its last
+            // attempt (which withdraws) takes any connection rather than wait at all.
+            let lane = match (waits, last) {
+                (false, _) => backend.caller_lane(None),
+                (true, false) => backend.caller_lane(self.wait.deadline()),
+                (true, true) => Lane::Urgent,
             };
-            let outcome = match self.block_then_attempt(block, mode) {
-                // Every blocking connection is taken: sleep instead, then try.
-                Ok(None) => connection::pause(block, &self.watch)
-                    .and_then(|()| self.plain(mode, self.backend.caller_lane(None))),
-                Ok(Some(outcome)) => Ok(outcome),
-                Err(e) if e.is_cancelled() => return Err(self.give_up(e, true)),
-                // The blocked connection failed (reset, timeout): a fresh attempt on
-                // another connection also takes a grant popped on the dead one.
-                Err(e) if e.is_unreachable() => {
-                    log::debug!("waiting for {:?}: {e}; trying again", self.keys.lock);
-                    self.plain(mode, self.backend.caller_lane(None))
-                }
-                Err(e) => Err(e),
+            let (outcome, was_last) = if !waits {
+                (self.plain(scripts::MODE_ONCE, lane, cutoff), true)
+            } else if plain_next || last {
+                plain_next = false;
+                let mode = match (last, registered) {
+                    (true, _) => scripts::MODE_LAST,
+                    (false, true) => scripts::MODE_AFTER_BLOCK,
+                    (false, false) => scripts::MODE_WAITER,
+                };
+                (self.plain(mode, lane, cutoff), last)
+            } else {
+                let block = backoff.block_for(left, pttl, grace);
+                let final_block = left.is_some_and(|left| left <= block);
+                let mode = if final_block {
+                    scripts::MODE_LAST
+                } else {
+                    scripts::MODE_AFTER_BLOCK
+                };
+                let outcome = match self.block_then_attempt(block, mode, cutoff) {
+                    Ok(Some(outcome)) => Ok(outcome),
+                    // Every blocking connection is taken: sleep instead, then try.
+                    Ok(None) => connection::pause(block, &self.watch)
+                        .and_then(|()| self.plain(mode, lane, cutoff)),
+                    Err(e) => Err(e),
+                };
+                (outcome, final_block)
             };
             match outcome {
-                Ok(Attempt::Granted(g)) => return Ok(g),
-                Ok(Attempt::Busy(_)) if last => return Err(self.busy()),
-                Ok(Attempt::Busy(holder_pttl)) => pttl = holder_pttl,
-                Err(e) => return Err(self.give_up(e, true)),
+                Ok(Attempt::Granted(granted)) => match self.settle(granted, renew, cutoff) {
+                    Settled::Held(granted) => return Ok(granted),
+                    // The key slipped away as it was taken: nothing is held; try again.
+                    Settled::Again if waits && !was_last => {
+                        registered = false;
+                        plain_next = true;
+                    }
+                    Settled::Again => return Err(self.busy()),
+                    Settled::Failed(e) => return Err(self.give_up_by(e, true, None, cutoff)),
+                },
+                Ok(Attempt::Busy(_)) if was_last => {
+                    // A last attempt withdrew on the server; a single attempt never
+                    // registered.
+                    return Err(self.busy());
+                }
+                Ok(Attempt::Busy(holder_pttl)) => {
+                    failing_since = None;
+                    registered = true;
+                    pttl = holder_pttl;
+                }
+                Err(e) if e.is_cancelled() => {
+                    return Err(self.give_up_by(e, registered, Some(QUICK_WITHDRAW), cutoff));
+                }
+                // A connection reset, a restart, a timeout: a waiter tries again (on a
+                // fresh connection, which also takes a grant popped on the dead one) for
+                // as long as the failures last less than its grace.
+                Err(e) if e.is_unreachable() && waits && !was_last => {
+                    let now = Instant::now();
+                    let since = *failing_since.get_or_insert(now);
+                    if now.duration_since(since) > grace || cutoff.is_some_and(|c| now >= c) {
+                        return Err(self.give_up_by(e, true, None, cutoff));
+                    }
+                    log::debug!("waiting for {:?}: {e}; trying again", self.keys.lock);
+                    let pause = RECOVERY_PAUSE.min(self.wait.left(now).unwrap_or(RECOVERY_PAUSE));
+                    if let Err(cancel) = connection::pause(pause, &self.watch) {
+                        return Err(self.give_up_by(cancel, true, Some(QUICK_WITHDRAW), cutoff));
+                    }
+                    plain_next = true;
+                    // The failed request may have registered this waiter.
+                    registered = registered || e.outcome_unknown();
+                }
+                Err(e) => {
+                    let may_hold = registered || e.outcome_unknown();
+                    return Err(self.give_up_by(e, may_hold, None, cutoff));
+                }
             }
         }
     }
@@ -181,8 +248,11 @@ impl Acquire<'_> {
     }
 
     /// One attempt on its own.
-    fn plain(&self, mode: u8, lane: Lane) -> Result<Attempt> {
-        let how = self.backend.exec_on(lane);
+    fn plain(&self, mode: u8, lane: Lane, cutoff: Option<Instant>) -> Result<Attempt> {
+        let how = Exec {
+            cutoff,
+            ..self.backend.exec_on(lane)
+        };
         let replies = self
             .backend
             .run(&self.keys.lock, &self.attempt_calls(mode), &how)?;
@@ -191,7 +261,12 @@ impl Acquire<'_> {
 
     /// Blocks on the wake list for up to `block`, then attempts (pipelined). `Ok(None)`
     /// when no blocking connection is free.
-    fn block_then_attempt(&self, block: Duration, mode: u8) -> Result<Option<Attempt>> {
+    fn block_then_attempt(
+        &self,
+        block: Duration,
+        mode: u8,
+        cutoff: Option<Instant>,
+    ) -> Result<Option<Attempt>> {
         let mut blpop = redis::cmd("BLPOP");
         blpop
             .arg(&self.keys.wake)
@@ -200,6 +275,7 @@ impl Acquire<'_> {
         calls.extend(self.attempt_calls(mode));
         let how = Exec {
             watch: &self.watch,
+            cutoff,
             ..self.backend.exec_on(Lane::Blocking)
         };
         let Some(replies) = self.backend.exec(&self.keys.lock, &calls, &how)? else {
@@ -217,54 +293,100 @@ impl Acquire<'_> {
     /// grant taken from a release is leased for the waiter's grace only, and a lock taken
     /// after a long block has a conservative deadline well short of its real lease (the
     /// block's length short). With renewal on (`renew`), renewal does it at once, off the
-    /// caller's path; a fixed lease must get the ttl its caller asked for.
-    pub fn settle(&self, granted: Granted, renew: bool) -> Result<Granted> {
-        let remaining = local_deadline(granted.sent_at, granted.lease)
-            .saturating_duration_since(Instant::now());
+    /// caller's path, as long as a third of the lease is left; a fixed lease must get the
+    /// ttl its caller asked for. A guard is never built for a lease whose local deadline
+    /// has passed: such a lock is given back and the acquire goes on ([`Settled::Again`]).
+    fn settle(&self, granted: Granted, renew: bool, cutoff: Option<Instant>) -> Settled {
+        let left = |g: &Granted| {
+            local_deadline(g.sent_at, g.lease).saturating_duration_since(Instant::now())
+        };
+        let remaining = left(&granted);
         if remaining >= self.ttl * 2 / 3 || (renew && remaining >= granted.lease / 3) {
-            return Ok(granted);
+            return Settled::Held(granted);
         }
-        let call = Call::script(
+        let mut calls = vec![Call::script(
             &EXTEND,
             &[&self.keys.lock],
             &[&self.token, &(self.ttl.as_millis() as u64)],
-        );
-        let how = self.backend.exec_on(Lane::Urgent);
+        )];
+        calls.extend(self.replicas.map(|r| r.call()));
+        let how = Exec {
+            cutoff,
+            ..self.backend.exec_on(Lane::Urgent)
+        };
         let result = self
             .backend
-            .run(&self.keys.lock, &[call], &how)
+            .run(&self.keys.lock, &calls, &how)
             .and_then(|r| {
-                let value = r.values.into_iter().next().unwrap_or(Value::Nil);
-                Ok((backend::reply::<i64>(value)?, r.sent_at))
+                let mut values = r.values.into_iter();
+                let extended = backend::reply::<i64>(values.next().unwrap_or(Value::Nil))?;
+                if let (1, Some(replicas)) = (extended, &self.replicas) {
+                    replicas.check(values.next(), "extending a lock just acquired")?;
+                }
+                Ok((extended, r.sent_at))
             });
-        match result {
-            Ok((1, sent_at)) => Ok(Granted {
+        let extended = match result {
+            Ok((1, sent_at)) => Granted {
                 sent_at,
                 lease: self.ttl,
                 ..granted
-            }),
-            // The key changed hands at once (deleted by someone): nothing is held.
-            Ok(_) => Err(Error::new(
-                ErrorKind::Busy,
-                format!(
-                    "lock {:?} was taken from this caller as it was acquired",
-                    self.keys.lock
-                ),
-            )),
-            // Still held with the shorter lease, if any of it is left.
-            Err(_) if remaining > Duration::ZERO => Ok(granted),
-            Err(e) => Err(self.give_up(e, true)),
+            },
+            // The key changed hands as it was taken (deleted by someone): nothing is held.
+            Ok(_) => return Settled::Again,
+            // The extend failed; the lease as acquired, if enough of it is left.
+            Err(e) => {
+                let remaining = left(&granted);
+                if remaining > Duration::ZERO && (renew || remaining >= self.ttl / 10) {
+                    return Settled::Held(granted);
+                }
+                return self.given_back(Settled::Failed(e));
+            }
+        };
+        if left(&extended) > Duration::ZERO {
+            Settled::Held(extended)
+        } else {
+            // The extend's reply came too late to be of use.
+            self.given_back(Settled::Again)
         }
     }
 
-    /// Withdraws (best effort, within one I/O timeout) and returns `error`: the caller
-    /// must hold nothing after a failed acquire. A request whose outcome is unknown may
-    /// have taken the lock, or registered the waiter; the release script with this token
-    /// undoes both.
+    /// Gives back a lock that cannot be used (best effort, within one I/O timeout).
+    fn given_back(&self, settled: Settled) -> Settled {
+        let cutoff = Some(Instant::now() + self.backend.io_timeout);
+        if let Err(e) = release_token(self.backend, self.keys, self.token, cutoff, true) {
+            log::warn!(
+                "could not give back lock {:?} ({e}); it lapses after its lease",
+                self.keys.lock
+            );
+        }
+        settled
+    }
+
+    /// Withdraws (best effort) and returns `error`: the caller must hold nothing after a
+    /// failed acquire. A request whose outcome is unknown may have taken the lock, or
+    /// registered the waiter; the release script with this token undoes both. The
+    /// withdrawal gets one I/O timeout, or `quick` (a cancellation must return at once:
+    /// whatever it cannot undo lapses within the waiter's grace).
     /// `registered`: an earlier attempt of this waiter registered it on the server.
-    fn give_up(&self, error: Error, registered: bool) -> Error {
+    /// Never past `cutoff` (the acquire's own).
+    fn give_up_by(
+        &self,
+        error: Error,
+        registered: bool,
+        quick: Option<Duration>,
+        cutoff: Option<Instant>,
+    ) -> Error {
         if error.outcome_unknown() || registered {
-            let cutoff = Some(Instant::now() + self.backend.io_timeout);
+            let allowed = quick
+                .unwrap_or(self.backend.io_timeout)
+                .min(self.backend.io_timeout);
+            let mut until = Instant::now() + allowed;
+            if let Some(cutoff) = cutoff {
+                // At least a moment: a withdrawal that cannot even be sent is pointless,
+                // but one that is quick to answer should not be skipped.
+                until = until.min(cutoff.max(Instant::now() + Duration::from_millis(20)));
+            }
+            let cutoff = Some(until);
             match release_token(self.backend, self.keys, self.token, cutoff, true) {
                 Ok(true) => log::debug!(
                     "withdrawing from {:?} undid a grant never heard of",

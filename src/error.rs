@@ -13,8 +13,11 @@ pub enum ErrorKind {
     /// Acquire: the wait ended while another owner held the lock.
     Busy,
     /// Release or extend: the key no longer holds this lock's token (it expired, or another
-    /// owner took it), or the call came from a forked child, which does not hold its
-    /// parent's locks. Any work done since the lease ended ran unprotected.
+    /// owner took it), or the lock was already lost (a renewal found the token gone, or
+    /// could not reach Redis before the lease's local deadline: the key may then still hold
+    /// the token for a moment, but the lock is not held any more and never will be again),
+    /// or the call came from a forked child, which does not hold its parent's locks. Any
+    /// work done since the lease ended ran unprotected.
     NotHeld,
     /// Acquire: the wait was cancelled on purpose ([`crate::CancelToken`],
     /// [`crate::cancel_all`], or an interrupt hook that asked for it). Nothing is held.

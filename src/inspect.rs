@@ -97,8 +97,9 @@ impl Client {
         })
     }
 
-    /// The locks held now whose keys match the glob `pattern` (`*` and `?`; the key prefix
-    /// of this client is part of the key), found through their fencing counters with
+    /// The locks held now whose keys begin with this client's key prefix and match the glob
+    /// `pattern` (`*` and `?`; the prefix is part of the key), found through their fencing
+    /// counters with
     /// `SCAN` (never `KEYS`), on every primary. A lock only ever taken by clients outside
     /// redlease (plain `SET NX`) has no counter and is not listed. At most `limit` locks.
     pub fn locks(&self, pattern: &str, limit: usize) -> Result<Vec<LockInfo>> {
@@ -107,21 +108,29 @@ impl Client {
             .backend
             .scan(&format!("{RESERVED_PREFIX}fence:*"), usize::MAX)?;
         let mut out = Vec::new();
-        for counter in counters {
-            let Some(key) = keys::lock_key_of(&counter) else {
-                continue;
-            };
-            if !glob(pattern.as_bytes(), key.as_bytes()) {
-                continue;
-            }
-            let Ok(lock_keys) = LockKeys::new("", &key) else {
-                continue;
-            };
-            let info = self.inspect_keys(&lock_keys)?;
-            if info.holder.is_some() {
-                out.push(info);
-                if out.len() >= limit {
-                    break;
+        'counters: for counter in counters {
+            for key in keys::lock_keys_of(&counter) {
+                let prefix = &self.inner.options.key_prefix;
+                if !key.starts_with(prefix.as_str()) || !glob(pattern.as_bytes(), key.as_bytes()) {
+                    continue;
+                }
+                let Ok(lock_keys) = LockKeys::new("", &key) else {
+                    continue;
+                };
+                let info = match self.inspect_keys(&lock_keys) {
+                    Ok(info) => info,
+                    // A key this user may not read (ACL): not one of its locks.
+                    Err(e) if e.kind() == ErrorKind::Server => {
+                        log::debug!("not listing {key:?}: {e}");
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if info.holder.is_some() {
+                    out.push(info);
+                    if out.len() >= limit {
+                        break 'counters;
+                    }
                 }
             }
         }

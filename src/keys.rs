@@ -6,16 +6,19 @@
 //! - `K` has no hash tag and no `}` (most names): companions are `redlease:fence:{K}`, whose
 //!   tag is all of `K`, which is what the cluster hashes for `K` itself.
 //! - `K` has a hash tag (`{...}` with something inside): companions are
-//!   `redlease:fence:=K`; the prefix holds no brace, so the tag is unchanged. (The `=` keeps
-//!   `{abc}`'s companions apart from those of `abc`.)
+//!   `redlease:queue:=K` and so on; the prefix holds no brace, so the tag is unchanged. (The
+//!   `=` keeps `{abc}`'s companions apart from those of `abc`.) The fencing counter is the
+//!   exception: it keeps redlease 0.1's name `redlease:fence:K`, so that clients of both
+//!   versions share it and tokens keep increasing across a rolling upgrade; `abc` and
+//!   `{abc}` then share a counter, which is harmless (each name's tokens still increase).
 //! - `K` has no hash tag but contains `}` (such as `a}b` or `x{}y`): no wrapping of `K`
 //!   keeps its slot, so companions are `redlease:fence:{T}K` where `T` is the shortest decimal
 //!   number that hashes to `K`'s slot.
 //!
 //! So every valid name works, on a single server and on a Cluster alike, and no two lock
-//! keys share a companion key: the three forms cannot be confused (the part after the
-//! prefix starts with `=`, or is `{...}` with nothing after it, or `{digits}` with
-//! something after it), and [`lock_key_of`] reads the lock key back.
+//! keys share wake-up state: the three forms cannot be confused (the part after the prefix
+//! starts with `=`, or is `{...}` with nothing after it, or `{digits}` with something after
+//! it). [`lock_keys_of`] reads the lock keys a fencing counter may belong to.
 //!
 //! Companion keys all begin with [`RESERVED_PREFIX`], and lock keys may not: no lock name
 //! can equal, or be mistaken for, another lock's companion key, so no lock can disturb
@@ -77,15 +80,17 @@ impl LockKeys {
                  redlease's companion keys"
             )));
         }
-        let tail = if hash_tag(lock.as_bytes()).is_some() {
+        let tagged = hash_tag(lock.as_bytes()).is_some();
+        let tail = if tagged {
             format!("={lock}")
         } else if !lock.contains('}') {
             format!("{{{lock}}}")
         } else {
             format!("{{{}}}{lock}", slot_tag(key_slot(lock.as_bytes())))
         };
+        let fence_tail = if tagged { lock.as_str() } else { tail.as_str() };
         Ok(LockKeys {
-            fence: format!("{RESERVED_PREFIX}fence:{tail}"),
+            fence: format!("{RESERVED_PREFIX}fence:{fence_tail}"),
             wake: format!("{RESERVED_PREFIX}wakeup:{tail}"),
             queue: format!("{RESERVED_PREFIX}queue:{tail}"),
             grant: format!("{RESERVED_PREFIX}grant:{tail}"),
@@ -94,25 +99,33 @@ impl LockKeys {
     }
 }
 
-/// The lock key whose fencing counter is `fence`, if `fence` is one.
-pub(crate) fn lock_key_of(fence: &str) -> Option<String> {
-    let tail = fence
-        .strip_prefix(RESERVED_PREFIX)?
-        .strip_prefix("fence:")?;
-    if let Some(tagged) = tail.strip_prefix('=') {
-        return Some(tagged.to_owned());
+/// The lock keys whose fencing counter `fence` may be (a counter `redlease:fence:{abc}`
+/// serves both `abc` and `{abc}`); empty when `fence` is not a fencing counter.
+pub(crate) fn lock_keys_of(fence: &str) -> Vec<String> {
+    let Some(tail) = fence
+        .strip_prefix(RESERVED_PREFIX)
+        .and_then(|t| t.strip_prefix("fence:"))
+    else {
+        return Vec::new();
+    };
+    let mut keys = Vec::new();
+    if hash_tag(tail.as_bytes()).is_some() {
+        // A name with its own tag keeps its counter under its own name.
+        keys.push(tail.to_owned());
     }
-    let inner = tail.strip_prefix('{')?;
-    let close = inner.find('}')?;
-    let rest = &inner[close + 1..];
-    if rest.is_empty() {
-        Some(inner[..close].to_owned())
-    } else {
-        inner[..close]
-            .bytes()
-            .all(|b| b.is_ascii_digit())
-            .then(|| rest.to_owned())
+    if let Some(inner) = tail.strip_prefix('{') {
+        if let Some(close) = inner.find('}') {
+            let rest = &inner[close + 1..];
+            if rest.is_empty() && close > 0 {
+                keys.push(inner[..close].to_owned());
+            } else if !rest.is_empty() && inner[..close].bytes().all(|b| b.is_ascii_digit()) {
+                keys.push(rest.to_owned());
+            }
+        }
     }
+    keys.retain(|k| LockKeys::new("", k).is_ok_and(|l| l.fence == fence));
+    keys.dedup();
+    keys
 }
 
 /// The hash tag of `key` as Redis Cluster defines it: the bytes between the first `{` and
@@ -237,18 +250,30 @@ mod tests {
         let mut seen = std::collections::HashMap::new();
         for name in names {
             let keys = LockKeys::new("", name).unwrap();
-            assert_eq!(
-                lock_key_of(&keys.fence).as_deref(),
-                Some(name),
-                "{}",
+            assert!(
+                lock_keys_of(&keys.fence).contains(&name.to_owned()),
+                "{name:?} from {}",
                 keys.fence
             );
-            if let Some(other) = seen.insert(keys.fence.clone(), name) {
-                panic!("{name:?} and {other:?} share {}", keys.fence);
+            for companion in [&keys.wake, &keys.queue, &keys.grant] {
+                if let Some(other) = seen.insert(companion.clone(), name) {
+                    panic!("{name:?} and {other:?} share {companion}");
+                }
             }
         }
-        assert_eq!(lock_key_of("redlease:queue:{a}"), None);
-        assert_eq!(lock_key_of("other"), None);
+        assert_eq!(lock_keys_of("redlease:fence:{abc}"), vec!["{abc}", "abc"]);
+        assert!(lock_keys_of("redlease:queue:{a}").is_empty());
+        assert!(lock_keys_of("other").is_empty());
+    }
+
+    /// The fencing counter keeps redlease 0.1's name, so both versions share it.
+    #[test]
+    fn fencing_counters_keep_their_0_1_names() {
+        assert_eq!(LockKeys::new("", "a").unwrap().fence, "redlease:fence:{a}");
+        assert_eq!(
+            LockKeys::new("", "{u}1").unwrap().fence,
+            "redlease:fence:{u}1"
+        );
     }
 
     /// Safety item 9: a lock name can never be another lock's companion key.

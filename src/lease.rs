@@ -63,8 +63,100 @@ pub(crate) struct Lease {
     /// Replicas that must acknowledge each extend.
     replicas: Option<Replicas>,
     state: Mutex<LeaseState>,
-    /// Held while an extend or a renewal is in flight; `true` once closed by a release.
-    gate: Mutex<bool>,
+    /// Taken while an extend or a renewal is in flight; closed by a release.
+    gate: Gate,
+    /// The packed extend request for the current ttl, kept so that a renewal does not
+    /// format its arguments again each time.
+    packed_extend: Mutex<Option<(Duration, crate::backend::Call)>>,
+    /// The last batched renewal failed.
+    batch_failed: std::sync::atomic::AtomicBool,
+}
+
+/// One extend or renewal at a time, and none after a release. Unlike a mutex guard, a
+/// [`GateTicket`] can travel to another thread (a batched renewal holds it until its reply
+/// has been applied).
+struct Gate {
+    state: Mutex<GateState>,
+    freed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    busy: bool,
+    closed: bool,
+}
+
+impl Gate {
+    fn new() -> Self {
+        Gate {
+            state: Mutex::new(GateState::default()),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits while an extend or renewal is in flight, then takes the gate; `false` once
+    /// closed.
+    fn enter(&self) -> bool {
+        let mut s = self.state();
+        while s.busy {
+            s = self.freed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        if s.closed {
+            return false;
+        }
+        s.busy = true;
+        true
+    }
+
+    /// Takes the gate only if nothing is in flight: `None` when busy, `Some(false)` when
+    /// closed.
+    fn try_enter(&self) -> Option<bool> {
+        let mut s = self.state();
+        if s.busy {
+            return None;
+        }
+        if s.closed {
+            return Some(false);
+        }
+        s.busy = true;
+        Some(true)
+    }
+
+    fn leave(&self) {
+        self.state().busy = false;
+        self.freed.notify_all();
+    }
+
+    /// Waits while an extend or renewal is in flight, then closes the gate for good.
+    fn close(&self) {
+        let mut s = self.state();
+        while s.busy {
+            s = self.freed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        s.closed = true;
+    }
+}
+
+/// The gate of a lease, taken; given back when dropped.
+pub(crate) struct GateTicket<'a>(&'a Gate);
+
+impl Drop for GateTicket<'_> {
+    fn drop(&mut self) {
+        self.0.leave();
+    }
+}
+
+/// As [`GateTicket`], owning its lease, so that it can travel with a batched renewal.
+pub(crate) struct OwnedGateTicket(Arc<Lease>);
+
+impl Drop for OwnedGateTicket {
+    fn drop(&mut self) {
+        self.0.gate.leave();
+    }
 }
 
 struct LeaseState {
@@ -79,6 +171,8 @@ struct LeaseState {
     /// Monotonic time before which the key surely still holds our token (unless deleted).
     deadline: Instant,
     lost: Option<LostReason>,
+    /// The holder was told of the loss (callback and subscribers run once).
+    notified: bool,
     released: bool,
     subscribers: Vec<Sender<LostReason>>,
 }
@@ -139,10 +233,13 @@ impl Lease {
                 start: sent_at,
                 deadline: local_deadline(sent_at, leased),
                 lost: None,
+                notified: false,
                 released: false,
                 subscribers: Vec::new(),
             }),
-            gate: Mutex::new(false),
+            gate: Gate::new(),
+            packed_extend: Mutex::new(None),
+            batch_failed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -152,15 +249,30 @@ impl Lease {
         self
     }
 
-    /// Takes the gate for an extend or a renewal; `None` once a release closed it.
-    pub fn gate(&self) -> Option<MutexGuard<'_, bool>> {
-        let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
-        (!*gate).then_some(gate)
+    /// Takes the gate for an extend or a renewal (waiting for one in flight); `None` once
+    /// a release closed it.
+    pub fn gate(&self) -> Option<GateTicket<'_>> {
+        self.gate.enter().then(|| GateTicket(&self.gate))
+    }
+
+    /// Takes the gate without waiting: `Err(())` while an extend or renewal is in flight,
+    /// `Ok(None)` once closed.
+    pub fn try_gate_owned(self: &Arc<Self>) -> std::result::Result<Option<OwnedGateTicket>, ()> {
+        match self.gate.try_enter() {
+            None => Err(()),
+            Some(false) => Ok(None),
+            Some(true) => Ok(Some(OwnedGateTicket(self.clone()))),
+        }
     }
 
     /// Closes the gate, waiting for an extend or renewal in flight: none is sent afterwards.
     pub fn close_gate(&self) {
-        *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.gate.close();
+    }
+
+    /// Whether a release closed the gate.
+    pub fn gate_closed(&self) -> bool {
+        self.gate.state().closed
     }
 
     fn state(&self) -> MutexGuard<'_, LeaseState> {
@@ -255,8 +367,11 @@ impl Lease {
         let (reason, subscribers) = {
             let mut s = self.state();
             match s.lost {
-                Some(reason) => (reason, std::mem::take(&mut s.subscribers)),
-                None => return,
+                Some(reason) if !s.notified => {
+                    s.notified = true;
+                    (reason, std::mem::take(&mut s.subscribers))
+                }
+                _ => return,
             }
         };
         if subscribers.is_empty() && self.on_lost.is_none() {
@@ -349,6 +464,20 @@ impl Lease {
                     Ok((extended, replies.sent_at))
                 })
         };
+        self.apply_extend(ttl, attempt_at, result)
+    }
+
+    /// Records what an extend of `ttl`, sent at `attempt_at` or later, found: `Ok((1,
+    /// sent_at))` extended by a request written at `sent_at`; `Ok((0, _))` the key no
+    /// longer held the token (the loss is declared; the caller holds the gate); an error
+    /// (when its outcome is unknown, the deadline and cap are lowered to what it may have
+    /// set).
+    fn apply_extend(
+        &self,
+        ttl: Duration,
+        attempt_at: Instant,
+        result: Result<(i64, Instant)>,
+    ) -> Result<Extended> {
         let mut s = self.state();
         match result {
             Ok((1, sent_at)) => {
@@ -371,6 +500,75 @@ impl Lease {
                 Err(e)
             }
         }
+    }
+
+    /// Whether renewals can be batched with other locks' (see [`crate::backend::batch`]):
+    /// not for Redlock (a renewal is a round on every member) nor with `min_replicas`
+    /// (its `WAIT` belongs to its own connection).
+    pub fn can_batch(&self) -> bool {
+        self.replicas.is_none() && self.backend.redlock_members().is_none()
+    }
+
+    /// Hands one renewal (with the ttl renewal uses) to the batching thread of the lock's
+    /// node, holding the gate (`ticket`) until its reply is applied. Returns at once. When
+    /// the renewal fails or finds the lock lost, `on_trouble` runs (on the batching thread;
+    /// it must only wake the lock's renewal thread, which then takes over).
+    ///
+    /// Errors: the node could not be found or no batching thread started; nothing was sent.
+    pub fn submit_renewal(
+        self: &Arc<Self>,
+        ticket: OwnedGateTicket,
+        on_trouble: Box<dyn FnOnce() + Send>,
+    ) -> Result<()> {
+        let ttl = self.ttl();
+        let deadline = self.deadline();
+        let node = self.backend.node_for(&self.keys.lock, deadline)?;
+        let call = {
+            let mut cached = self.packed_extend.lock().unwrap_or_else(|p| p.into_inner());
+            match cached.as_ref() {
+                Some((cached_ttl, call)) if *cached_ttl == ttl => call.clone(),
+                _ => {
+                    let call = Call::script(
+                        &scripts::EXTEND,
+                        &[&self.keys.lock],
+                        &[&self.token, &ttl_millis(ttl)?],
+                    );
+                    *cached = Some((ttl, call.clone()));
+                    call
+                }
+            }
+        };
+        let lease = self.clone();
+        let attempt_at = Instant::now();
+        let done: crate::backend::batch::Done = Box::new(move |reply, sent_at| {
+            let result = reply.and_then(|value| Ok((backend::reply::<i64>(value)?, sent_at)));
+            let outcome = lease.apply_extend(ttl, attempt_at, result);
+            drop(ticket);
+            match outcome {
+                Ok(Extended::Yes) => {}
+                Ok(Extended::Lost(_)) => on_trouble(),
+                Err(e) => {
+                    log::warn!("renewing lock {:?} failed, retrying: {e}", lease.keys.lock);
+                    lease
+                        .batch_failed
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                    on_trouble();
+                }
+            }
+        });
+        let item = crate::backend::batch::Item {
+            call,
+            cutoff: deadline,
+            done,
+        };
+        crate::backend::batch::Batcher::submit(&node, item, self.backend.io_timeout)
+    }
+
+    /// Whether the last batched renewal failed (the next one then goes on its own,
+    /// following redirections); clears it.
+    pub fn take_batch_failed(&self) -> bool {
+        self.batch_failed
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Sends the token-checked release (which grants the lock to a waiter if there is

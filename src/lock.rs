@@ -175,10 +175,7 @@ impl<'a> LockBuilder<'a> {
                     &acquire.watch,
                 )?
             }
-            None => {
-                let granted = acquire.run()?;
-                acquire.settle(granted, self.renew)?
-            }
+            None => acquire.run(self.renew)?,
         };
         let lease = Lease::new(
             inner.backend.clone(),
@@ -274,8 +271,8 @@ impl LockGuard {
     /// Errors: [`ErrorKind::NotHeld`] when the lock was lost or released (a loss is also
     /// marked); [`ErrorKind::InvalidArgument`] for a ttl under [`crate::MIN_TTL`].
     /// After a connection error or timeout the extend may or may not have happened: the
-    /// lease then assumes the shorter of the old and the new ttl until a later extend
-    /// succeeds.
+    /// lease then never assumes more than the shorter of the old and the new ttl again, for
+    /// the rest of the lock's life (a late extend to the shorter ttl could still run).
     pub fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = Duration::from_millis(ttl_millis(ttl)?);
         self.lease.check_process()?;

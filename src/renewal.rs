@@ -300,7 +300,7 @@ fn work(me: &Arc<Worker>) {
         }
         match current.take() {
             Some(mut job) => {
-                let lease = job.lease.upgrade().filter(|lease| lease.gate().is_some());
+                let lease = job.lease.upgrade().filter(|lease| !lease.gate_closed());
                 let Some(lease) = lease else {
                     // Released (and perhaps dropped) meanwhile.
                     idle_since = Instant::now();
@@ -308,13 +308,15 @@ fn work(me: &Arc<Worker>) {
                 };
                 // A bug must not leave a dead thread among the parked ones: a panic ends
                 // this lock's renewal (reported as lost) and the thread goes on.
-                let renewed =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| renew(&lease)))
-                        .unwrap_or_else(|_| {
-                            log::error!("renewing lock {:?} panicked", lease.keys.lock);
-                            lease.mark_lost(LostReason::Unreachable);
-                            None
-                        });
+                let job_id = job.id;
+                let renewed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    renew(&lease, me, job_id)
+                }))
+                .unwrap_or_else(|_| {
+                    log::error!("renewing lock {:?} panicked", lease.keys.lock);
+                    lease.mark_lost(LostReason::Unreachable);
+                    None
+                });
                 drop(lease);
                 match renewed {
                     Some(next) => {
@@ -340,13 +342,50 @@ fn work(me: &Arc<Worker>) {
     }
 }
 
+/// Extra time a renewal thread gives a batched renewal before it looks at the outcome:
+/// the batch's write happens a little after the hand-over.
+const BATCH_SLACK: Duration = Duration::from_millis(2);
+
 /// One renewal of `lease`: the time of the next one, or `None` when the renewal is over
 /// (the lock was lost or released).
-fn renew(lease: &Lease) -> Option<Instant> {
-    let deadline = lease.deadline();
-    if Instant::now() >= deadline {
-        lease.mark_lost(LostReason::Unreachable);
+///
+/// Normally the extend is handed to the node's batching thread, which pipelines it with
+/// the renewals of other locks due at about the same moment and applies the reply to the
+/// lease; this thread then sleeps until the next renewal is due, and is woken early only if
+/// that one failed or found the lock lost. After a batched failure the next attempt goes
+/// on its own (following redirections), cut at the lease's deadline.
+fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
+    if lease.lost().is_some() {
+        // Found lost by a batched renewal: tell the holder, from this thread.
+        lease.notify_lost();
         return None;
+    }
+    let deadline = lease.deadline();
+    let now = Instant::now();
+    if now >= deadline {
+        lease.mark_lost(LostReason::Unreachable);
+        lease.notify_lost();
+        return None;
+    }
+    if lease.can_batch() && !lease.take_batch_failed() {
+        match lease.try_gate_owned() {
+            // An extend (or the previous renewal) is in flight: look again shortly.
+            Err(()) => return Some((now + MIN_RETRY).min(deadline)),
+            Ok(None) => return None,
+            Ok(Some(ticket)) => {
+                let due = lease.next_renewal();
+                if due > now {
+                    return Some(due);
+                }
+                let ttl = lease.ttl();
+                let worker = me.clone();
+                let poke = Box::new(move || worker.reschedule(job, Instant::now()));
+                match lease.submit_renewal(ticket, poke) {
+                    Ok(()) => return Some((now + ttl / 3 + BATCH_SLACK).min(deadline)),
+                    Err(e) => log::debug!("renewal of {:?} not batched: {e}", lease.keys.lock),
+                }
+            }
+        }
     }
     let ttl = lease.ttl();
     let renewed = {
@@ -374,6 +413,7 @@ fn renew(lease: &Lease) -> Option<Instant> {
             if now >= deadline {
                 log::warn!("renewing lock {:?} failed: {e}", lease.keys.lock);
                 lease.mark_lost(LostReason::Unreachable);
+                lease.notify_lost();
                 return None;
             }
             log::warn!("renewing lock {:?} failed, retrying: {e}", lease.keys.lock);

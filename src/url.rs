@@ -355,12 +355,42 @@ fn parse_host_port(text: &str, default_port: u16) -> std::result::Result<Addr, S
 
 fn parse_unix(scheme: &str, rest: &str) -> Result<Target> {
     const KNOWN: [&str; 5] = ["db", "user", "username", "pass", "password"];
+    // `redis+unix://user:pass@/path` (as some clients write it): the user info ends at the
+    // last "@/"; any other '@' before the path leaves its extent unknown: hide it all.
+    let (userinfo, rest) = match rest.rfind("@/") {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    if userinfo.is_none() && rest.split('?').next().is_some_and(|p| p.contains('@')) {
+        return Err(Error::invalid(format!(
+            "bad Redis URL {scheme}://***: expected redis+unix:///path[?db=N&user=U&pass=P]"
+        )));
+    }
     let (path, query) = match rest.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (rest, None),
     };
     let mut shown = Vec::new();
     let mut login = Login::default();
+    let mut shown_userinfo = String::new();
+    if let Some(info) = userinfo {
+        let (user, pass) = match info.split_once(':') {
+            Some((u, p)) => (u, Some(p)),
+            None => (info, None),
+        };
+        if !user.is_empty() {
+            login.username = percent_decode(user).ok();
+        }
+        if let Some(p) = pass {
+            login.password = Some(percent_decode(p).unwrap_or_else(|_| p.to_owned()));
+        }
+        let certain = !info.contains('@');
+        shown_userinfo = match (certain, pass) {
+            (true, Some(_)) => format!("{user}:***@"),
+            (true, None) => format!("{user}@"),
+            (false, _) => "***@".to_owned(),
+        };
+    }
     let mut problem = None;
     for (name, value) in query.map(|q| split_query(q, &KNOWN)).unwrap_or_default() {
         match name {
@@ -387,7 +417,7 @@ fn parse_unix(scheme: &str, rest: &str) -> Result<Target> {
             }
         }
     }
-    let mut describe = format!("{scheme}://{path}");
+    let mut describe = format!("{scheme}://{shown_userinfo}{path}");
     if !shown.is_empty() {
         describe.push('?');
         describe.push_str(&shown.join("&"));
@@ -554,6 +584,8 @@ mod tests {
                 format!("redis+sentinel://:{pw}@a:1/m?sentinel_pass={pw}"),
                 format!("redis+unix:///tmp/s?pass={pw}&db=1"),
                 format!("redis+unix:///tmp/s?db=x&pass={pw}"),
+                format!("redis+unix://:{pw}@/tmp/redis.sock"),
+                format!("redis+unix://u:{pw}@relative"),
                 format!("redis://:{pw}@[::1"),
                 format!("bogus://:{pw}@h"),
                 format!(":{pw}@h"),

@@ -19,6 +19,7 @@
 //!   connecting by the connect timeout, each reply by the I/O timeout (plus the blocking
 //!   time of a blocking call), and all of it by the optional cutoff.
 
+pub(crate) mod batch;
 pub(crate) mod cluster;
 pub(crate) mod node;
 pub(crate) mod redlock;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::backend::batch::Batcher;
 use crate::backend::{Call, Exec, Lane, Replies, reply, run_calls};
 use crate::cancel::Watch;
 use crate::connection::{Connection, Connector};
@@ -13,6 +14,9 @@ use crate::error::Result;
 use crate::pool::{self, Pool, Pooled};
 use crate::tls::TlsSetup;
 use crate::url::{Addr, Login};
+
+/// Longest the one-off eviction-policy probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// Idle connections the renewal pool keeps. Renewals of locks taken together come in
 /// bursts; with too few idle connections each burst opens (and closes) new ones.
@@ -42,6 +46,7 @@ impl NodeFactory {
             pool: Pool::new(connector(), self.pool_size, self.pool_size),
             renewal: Pool::new(connector(), usize::MAX, RENEWAL_IDLE),
             policy_checked: AtomicBool::new(false),
+            batcher: Arc::default(),
         })
     }
 
@@ -62,6 +67,14 @@ pub(crate) struct Node {
     pool: Pool,
     renewal: Pool,
     policy_checked: AtomicBool,
+    /// Renewals pipelined on one connection (see [`crate::backend::batch`]).
+    pub batcher: Arc<Batcher>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.batcher.close();
+    }
 }
 
 impl Node {
@@ -71,9 +84,18 @@ impl Node {
         let Some(mut pooled) = self.checkout(how)? else {
             return Ok(None);
         };
-        run_calls(pooled.conn(), calls, how)
-            .map(Some)
-            .map_err(|e| e.context(&format!("talking to {}", self.addr)))
+        let replies = run_calls(pooled.conn(), calls, how)
+            .map_err(|e| e.context(&format!("talking to {}", self.addr)))?;
+        if !self.policy_checked.swap(true, Ordering::Relaxed) {
+            // Once, after a request went through (so that a probe of a server that does not
+            // answer never eats into a caller's bounds): a short one on the same connection.
+            let probe = Exec {
+                cutoff: Some(Instant::now() + PROBE_TIMEOUT.min(how.io)),
+                ..*how
+            };
+            check_eviction_policy(pooled.conn(), &self.addr.to_string(), &probe);
+        }
+        Ok(Some(replies))
     }
 
     /// A connection on `how.lane` (connecting by the cutoff, or within the connect
@@ -88,11 +110,6 @@ impl Node {
         let connect_by = how
             .cutoff
             .unwrap_or_else(|| Instant::now() + pool.connector.connect_timeout);
-        if !self.policy_checked.swap(true, Ordering::Relaxed) {
-            if let Ok(Some(mut probe)) = self.pool.checkout(pool::Lane::Urgent, connect_by) {
-                check_eviction_policy(probe.conn(), &self.addr.to_string(), how);
-            }
-        }
         pool.checkout(lane, connect_by)
     }
 

@@ -1,0 +1,170 @@
+//! Requests of many callers pipelined on one connection: renewals of all the locks due at
+//! about the same moment go out in one write, and their replies come back in one burst.
+//!
+//! Each node has at most one batching thread, started when the first request arrives and
+//! gone after [`IDLE`] without any. A request is handed over with a completion that the
+//! thread runs with the request's reply (or the error that stopped the batch) and the
+//! moment the batch was written. Completions must be quick: they run on the thread that
+//! serves every other request of the node.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::backend::node::Node;
+use crate::backend::{Call, Exec, Lane, run_calls};
+use crate::cancel::Watch;
+use crate::error::{Error, ErrorKind, Result};
+
+/// How long a batching thread waits for work before it exits.
+const IDLE: Duration = Duration::from_secs(30);
+/// Most requests in one write.
+const MAX_BATCH: usize = 1024;
+
+/// What runs when a request's reply (or failure) is known: the reply, and when the batch
+/// that carried it was written (before the server could run it).
+pub(crate) type Done = Box<dyn FnOnce(Result<Value>, Instant) + Send>;
+
+/// One request waiting for a batch.
+pub(crate) struct Item {
+    pub call: Call,
+    /// Nothing of this request may run past this instant.
+    pub cutoff: Instant,
+    pub done: Done,
+}
+
+/// The batching state of a node.
+#[derive(Default)]
+pub(crate) struct Batcher {
+    queue: Mutex<Queue>,
+    work: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    items: Vec<Item>,
+    running: bool,
+    /// The node is gone: the thread exits.
+    closed: bool,
+}
+
+impl Batcher {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands `item` to `node`'s batching thread (starting it if needed). Never blocks for
+    /// I/O. Errors only when the OS refuses a thread (the item's completion is then not
+    /// run; the caller handles the error).
+    pub fn submit(node: &Arc<Node>, item: Item, io: Duration) -> Result<()> {
+        let batcher = node.batcher.clone();
+        let mut queue = batcher.queue();
+        queue.items.push(item);
+        if queue.running {
+            drop(queue);
+            batcher.work.notify_one();
+            return Ok(());
+        }
+        queue.running = true;
+        drop(queue);
+        let weak = Arc::downgrade(node);
+        let thread_batcher = batcher.clone();
+        let started = std::thread::Builder::new()
+            .name("redlease-batch".into())
+            .stack_size(128 * 1024)
+            .spawn(move || serve(&thread_batcher, weak, io));
+        if let Err(e) = started {
+            let mut queue = batcher.queue();
+            queue.running = false;
+            queue.items.pop();
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("cannot start a renewal batching thread: {e}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The node is being dropped: the thread exits (without holding the node meanwhile).
+    pub fn close(&self) {
+        self.queue().closed = true;
+        self.work.notify_all();
+    }
+}
+
+/// The batching thread of a node: takes whatever is queued, writes it in one request,
+/// reads the replies, runs the completions. It holds the node only while it runs a batch,
+/// so a client that is dropped closes its connections at once.
+fn serve(batcher: &Batcher, node: Weak<Node>, io: Duration) {
+    loop {
+        let items = {
+            let mut queue = batcher.queue();
+            let idle_since = Instant::now();
+            while queue.items.is_empty() {
+                let left = IDLE.saturating_sub(idle_since.elapsed());
+                if left.is_zero() || queue.closed {
+                    queue.running = false;
+                    return;
+                }
+                queue = batcher
+                    .work
+                    .wait_timeout(queue, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            let take = queue.items.len().min(MAX_BATCH);
+            queue.items.drain(..take).collect::<Vec<Item>>()
+        };
+        match node.upgrade() {
+            Some(strong) => run_batch(&strong, items, io),
+            None => {
+                let failed = Error::new(ErrorKind::Connection, "the client was closed");
+                for item in items {
+                    (item.done)(Err(failed.clone()), Instant::now());
+                }
+            }
+        }
+    }
+}
+
+fn run_batch(node: &Node, items: Vec<Item>, io: Duration) {
+    let cutoff = items.iter().map(|i| i.cutoff).min();
+    let mut calls = Vec::with_capacity(items.len());
+    let mut dones = Vec::with_capacity(items.len());
+    for item in items {
+        calls.push(item.call);
+        dones.push(item.done);
+    }
+    let watch = Watch::none();
+    let how = Exec {
+        lane: Lane::Renewal,
+        io,
+        cutoff,
+        watch: &watch,
+    };
+    let attempt_at = Instant::now();
+    let result = node
+        .checkout(&how)
+        .and_then(|pooled| {
+            pooled.ok_or_else(|| Error::new(ErrorKind::Internal, "no renewal connection"))
+        })
+        .and_then(|mut pooled| run_calls(pooled.conn(), &calls, &how));
+    match result {
+        Ok(replies) => {
+            let sent_at = replies.sent_at;
+            let mut values = replies.values.into_iter();
+            for done in dones {
+                let value = values.next().ok_or_else(|| {
+                    Error::new(ErrorKind::Connection, "a batch came back short").sent()
+                });
+                done(value, sent_at);
+            }
+        }
+        Err(e) => {
+            for done in dones {
+                done(Err(e.clone()), attempt_at);
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Attack: cancelling blocked waits when the network to Redis has gone quiet.
+//!
+//! Issue 9 item 2: "Ctrl-C (SIGINT) interrupts `acquire()` ... within 0.5 s" (the Python
+//! wrapper uses the cancel path), and "a C daemon shutting down on SIGTERM must be able to
+//! make its threads' blocked `lock_acquire` calls return at once with `LOCK_CANCELLED`".
+//! `CancelToken::cancel`: "Makes every acquire waiting with this token return
+//! [`Cancelled`] promptly."
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redlease::{CancelToken, Client, ClientOptions, ErrorKind};
+use support::proxy::Proxy;
+use support::{RedisServer, eventually, within};
+
+/// A waiter blocked on a server that stopped answering (a partition, a stopped server):
+/// the cancellation wakes its poll at once, but `give_up` then sends the withdrawal and
+/// waits for its reply up to a whole I/O timeout (src/acquire.rs `give_up`), so the
+/// cancelled call returns only after the I/O timeout (2 s at the defaults).
+#[test]
+fn cancel_returns_only_after_an_io_timeout_when_redis_is_silent() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let holder = Client::open(&server.url())
+        .unwrap()
+        .lock("quiet")
+        .try_acquire()
+        .unwrap();
+    let client = Client::with_options(&proxy.url(), ClientOptions::default()).unwrap();
+    let cancel = CancelToken::new();
+    let waiter = {
+        let (client, cancel) = (client.clone(), cancel.clone());
+        std::thread::spawn(move || {
+            let r = client
+                .lock("quiet")
+                .cancel_token(&cancel)
+                .acquire()
+                .map(drop);
+            (r, Instant::now())
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") >= 1));
+    proxy.blackhole(true);
+    std::thread::sleep(Duration::from_millis(100));
+    let cancelled_at = Instant::now();
+    cancel.cancel();
+    let (result, returned) = within(Duration::from_secs(20), move || waiter.join().unwrap());
+    proxy.blackhole(false);
+    drop(holder);
+    let took = returned - cancelled_at;
+    assert_eq!(result.unwrap_err().kind(), ErrorKind::Cancelled);
+    assert!(
+        took < Duration::from_millis(500),
+        "the cancelled acquire returned {took:?} after cancel()"
+    );
+}
+
+/// Held up: a waiter cancelled after its pipelined attempt took a grant on the server (its
+/// reply held back by the proxy) gives the lock back at once on its way out.
+#[test]
+fn a_waiter_cancelled_after_its_claim_ran_gives_the_lock_back() {
+    use support::proxy::Action;
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let holder = Client::open(&server.url())
+        .unwrap()
+        .lock("claim")
+        .try_acquire()
+        .unwrap();
+    let client = Client::open(&proxy.url()).unwrap();
+    proxy.on_request(b"BLPOP", 1, Action::DelayReply(Duration::from_secs(2)));
+    let cancel = CancelToken::new();
+    let waiter = {
+        let (client, cancel) = (client.clone(), cancel.clone());
+        std::thread::spawn(move || {
+            client
+                .lock("claim")
+                .cancel_token(&cancel)
+                .acquire()
+                .map(drop)
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") >= 1));
+    holder.release().unwrap();
+    // The waiter's attempt took the grant on the server.
+    assert!(eventually(Duration::from_secs(2), || {
+        server
+            .cmd::<Option<String>>(&["GET", "claim"])
+            .is_some_and(|v| !v.ends_with(":handoff"))
+    }));
+    cancel.cancel();
+    let result = within(Duration::from_secs(10), move || waiter.join().unwrap());
+    assert_eq!(result.unwrap_err().kind(), ErrorKind::Cancelled);
+    let key: Option<String> = server.cmd(&["GET", "claim"]);
+    assert_eq!(key, None, "the cancelled waiter left the lock held");
+}
+
+/// Held up: twenty waiters give up at the moment the holder releases: whoever took the
+/// grant holds it, or the lock is free again within a waiter's grace (io 0.3 s + 0.5 s).
+#[test]
+fn many_waiters_giving_up_as_the_holder_releases() {
+    let server = RedisServer::start();
+    let options = ClientOptions::default().io_timeout(Duration::from_millis(300));
+    let client = Client::with_options(&server.url(), options).unwrap();
+    for round in 0..3 {
+        let name = format!("herd{round}");
+        let holder = client.lock(&name).try_acquire().unwrap();
+        let wait = Duration::from_millis(800);
+        let started = Instant::now();
+        let waiters: Vec<_> = (0..20)
+            .map(|_| {
+                let (client, name) = (client.clone(), name.clone());
+                std::thread::spawn(move || {
+                    client.lock(&name).acquire_timeout(wait).map(|g| {
+                        std::thread::sleep(Duration::from_millis(50));
+                        g.release()
+                    })
+                })
+            })
+            .collect();
+        std::thread::sleep((started + wait).saturating_duration_since(Instant::now()));
+        holder.release().unwrap();
+        let results = within(Duration::from_secs(20), move || {
+            waiters
+                .into_iter()
+                .map(|w| w.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        for released in results.iter().flatten() {
+            assert!(released.is_ok(), "{released:?}");
+        }
+        assert!(
+            eventually(Duration::from_millis(800), || {
+                server.cmd::<Option<String>>(&["GET", &name]).is_none()
+            }),
+            "round {round}: the lock stayed held by {:?}",
+            server.cmd::<Option<String>>(&["GET", &name])
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! Attack: `acquire` reports "acquired" for a lease that has already ended, while another
+//! caller holds the lock.
+//!
+//! `Acquire::settle` (src/acquire.rs) extends a lock acquired with less than two thirds of
+//! its ttl left (a fixed lease whose acquire reply was slow, a grant taken from a release).
+//! Two of its exits return the lock as acquired without looking at the clock again:
+//!
+//! - the `EXTEND` succeeded, but its reply came after the ttl it set had run out: the
+//!   deadline (`sent_at + ttl - drift`) is already in the past when `Ok` is returned;
+//! - the `EXTEND` failed (timeout, reset): `Err(_) if remaining > Duration::ZERO =>
+//!   Ok(granted)`, where `remaining` was computed *before* the extend, which took up to an
+//!   I/O timeout.
+//!
+//! In both cases another caller may have taken the lock meanwhile, and this caller is
+//! told it acquired it: two callers told they hold the same lock at the same moment.
+//! (A careful caller might check `is_held()` first; the API promises that an `Ok` from
+//! acquire means acquired.)
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redlease::{Client, ClientOptions, LockGuard};
+use support::RedisServer;
+use support::proxy::{Action, Proxy};
+
+/// Warms the script cache so that the EVALSHA of the attack is not answered NOSCRIPT.
+fn warm(client: &Client) {
+    let g = client
+        .lock("warm")
+        .ttl(Duration::from_secs(5))
+        .try_acquire()
+        .unwrap();
+    g.extend(Duration::from_secs(5)).unwrap();
+    g.release().unwrap();
+}
+
+/// Another client polls for the lock; returns the guard it got and when.
+fn rival(url: String, name: &'static str) -> std::thread::JoinHandle<Option<(Instant, LockGuard)>> {
+    std::thread::spawn(move || {
+        let client = Client::open(&url).unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if let Ok(g) = client.lock(name).ttl(Duration::from_secs(5)).try_acquire() {
+                return Some((Instant::now(), g));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    })
+}
+
+fn attack(second_reply: Action) {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let options = ClientOptions::default()
+        .owner_label("victim")
+        .io_timeout(Duration::from_millis(700));
+    let client = Client::with_options(&proxy.url(), options).unwrap();
+    warm(&client);
+    // The acquire's reply is 150 ms late (less than 2/3 of the 300 ms ttl left: settle
+    // extends); the extend's reply is late past the ttl, or lost.
+    proxy.on_request(b"stale", 1, Action::DelayReply(Duration::from_millis(150)));
+    proxy.on_request(b"stale", 1, second_reply);
+    let victim = std::thread::spawn(move || {
+        let result = client
+            .lock("stale")
+            .ttl(Duration::from_millis(300))
+            .renew(false)
+            .try_acquire();
+        let returned = Instant::now();
+        let held = result.as_ref().map(|g| g.is_held()).unwrap_or(false);
+        (result, returned, held)
+    });
+    // The rival starts once the victim's attempt has taken the key.
+    assert!(support::eventually(Duration::from_secs(5), || {
+        server
+            .cmd::<Option<String>>(&["GET", "stale"])
+            .is_some_and(|v| v.ends_with(":victim"))
+    }));
+    let other = rival(server.url(), "stale");
+    let (result, returned, victim_held_at_return) =
+        support::within(Duration::from_secs(10), move || victim.join().unwrap());
+    let rival_got = other.join().unwrap();
+    let key: Option<String> = server.cmd(&["GET", "stale"]);
+    match (&result, &rival_got) {
+        (Ok(victim), Some((at, rival))) if *at <= returned => {
+            panic!(
+                "acquire returned Ok (is_held() {victim_held_at_return}, remaining {:?}) at a \
+                 moment another client had held the lock for {:?} (its token {}, the key holds \
+                 {key:?}; the victim's token {})",
+                victim.remaining(),
+                returned - *at,
+                rival.token(),
+                victim.token()
+            );
+        }
+        _ => {}
+    }
+}
+
+/// The extend ran at once on the server; its reply came 600 ms later (past the 300 ms it
+/// set).
+#[test]
+fn a_late_settle_extend_reply_reports_an_expired_lease_as_acquired() {
+    attack(Action::DelayReply(Duration::from_millis(600)));
+}
+
+/// The extend timed out (its reply 1 s late, the I/O timeout 0.7 s): `remaining` was
+/// measured before it.
+#[test]
+fn a_failed_settle_extend_reports_an_expired_lease_as_acquired() {
+    attack(Action::DelayReply(Duration::from_millis(1000)));
+}
+
+/// The other side of `settle`: when its `EXTEND` finds the key gone (the lease the attempt
+/// set ran out while its reply was on its way), the acquire fails with `Busy` ("the wait
+/// ended while another owner held the lock") at once, although its wait has seconds left
+/// and nobody holds the lock: it should simply try again.
+#[test]
+fn a_lease_lost_before_settle_ends_the_wait_with_a_false_busy() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let options = ClientOptions::default()
+        .owner_label("victim")
+        .io_timeout(Duration::from_millis(700));
+    let client = Client::with_options(&proxy.url(), options).unwrap();
+    warm(&client);
+    // The attempt's reply comes 250 ms late: the 100 ms lease it set is over.
+    proxy.on_request(b"late", 1, Action::DelayReply(Duration::from_millis(250)));
+    let started = Instant::now();
+    let result = client
+        .lock("late")
+        .ttl(Duration::from_millis(100))
+        .renew(false)
+        .acquire_timeout(Duration::from_secs(5));
+    let took = started.elapsed();
+    let key: Option<String> = server.cmd(&["GET", "late"]);
+    match result {
+        Ok(g) => {
+            g.release().ok();
+        }
+        Err(e) => panic!(
+            "acquire_timeout(5 s) gave up after {took:?} with {:?}: {} (the key holds {key:?}: \
+             nobody holds the lock)",
+            e.kind(),
+            e
+        ),
+    }
+}
