@@ -84,6 +84,8 @@ struct Gate {
 struct GateState {
     busy: bool,
     closed: bool,
+    /// Threads waiting for the gate (a wake-up is a system call: made only for them).
+    waiting: usize,
 }
 
 impl Gate {
@@ -103,7 +105,9 @@ impl Gate {
     fn enter(&self) -> bool {
         let mut s = self.state();
         while s.busy {
+            s.waiting += 1;
             s = self.freed.wait(s).unwrap_or_else(|p| p.into_inner());
+            s.waiting -= 1;
         }
         if s.closed {
             return false;
@@ -127,15 +131,22 @@ impl Gate {
     }
 
     fn leave(&self) {
-        self.state().busy = false;
-        self.freed.notify_all();
+        let mut s = self.state();
+        s.busy = false;
+        let wake = s.waiting > 0;
+        drop(s);
+        if wake {
+            self.freed.notify_all();
+        }
     }
 
     /// Waits while an extend or renewal is in flight, then closes the gate for good.
     fn close(&self) {
         let mut s = self.state();
         while s.busy {
+            s.waiting += 1;
             s = self.freed.wait(s).unwrap_or_else(|p| p.into_inner());
+            s.waiting -= 1;
         }
         s.closed = true;
     }

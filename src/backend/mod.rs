@@ -45,12 +45,12 @@ use self::sentinel::Sentinel;
 /// timeouts when its event loop wakes, at least every 1/hz s (100 ms at the default `hz 10`).
 pub(crate) const BLOCK_LATENESS: Duration = Duration::from_millis(250);
 
-/// One command of a request, packed once.
+/// One command of a request, packed once; cheap to clone (a renewal reuses its lock's).
 #[derive(Clone)]
 pub(crate) struct Call {
-    packed: Vec<u8>,
+    packed: Arc<[u8]>,
     /// The script and its keys and arguments, to resend as `EVAL` after `NOSCRIPT`.
-    script: Option<(&'static Lua, Vec<Vec<u8>>)>,
+    script: Option<(&'static Lua, Arc<[Vec<u8>]>)>,
     /// A blocking command: how long the server may hold it.
     block: Option<Duration>,
 }
@@ -59,7 +59,7 @@ impl Call {
     /// A plain command.
     pub fn cmd(cmd: &redis::Cmd) -> Call {
         Call {
-            packed: cmd.get_packed_command(),
+            packed: cmd.get_packed_command().into(),
             script: None,
             block: None,
         }
@@ -82,8 +82,8 @@ impl Call {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&lua.sha).arg(&tail);
         Call {
-            packed: cmd.get_packed_command(),
-            script: Some((lua, tail)),
+            packed: cmd.get_packed_command().into(),
+            script: Some((lua, tail.into())),
             block: None,
         }
     }
@@ -93,9 +93,9 @@ impl Call {
         match &self.script {
             Some((lua, tail)) => redis::cmd("EVAL")
                 .arg(&lua.code)
-                .arg(tail)
+                .arg(&tail[..])
                 .get_packed_command(),
-            None => self.packed.clone(),
+            None => self.packed.to_vec(),
         }
     }
 }
