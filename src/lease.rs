@@ -362,6 +362,25 @@ impl Lease {
         }
     }
 
+    /// Records a loss for lack of renewal: under the gate, and only if the local deadline
+    /// has still passed then (an extend that was in flight may have moved it on). `true`
+    /// when the lock is lost.
+    pub fn lose_if_expired(&self) -> bool {
+        let decided = match self.gate() {
+            Some(_gate) => {
+                if Instant::now() < self.deadline() {
+                    return false;
+                }
+                self.declare_lost(LostReason::Unreachable)
+            }
+            None => false,
+        };
+        if decided {
+            self.notify_lost();
+        }
+        self.lost().is_some()
+    }
+
     /// Sets the loss; the caller holds the gate. `true` when this call decided it (the
     /// caller then calls [`notify_lost`](Self::notify_lost) once it let go of the gate).
     fn declare_lost(&self, reason: LostReason) -> bool {

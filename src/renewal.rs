@@ -405,9 +405,11 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
     let deadline = lease.deadline();
     let now = Instant::now();
     if now >= deadline {
-        lease.mark_lost(LostReason::Unreachable);
-        lease.notify_lost();
-        return None;
+        if lease.lose_if_expired() || lease.gate_closed() {
+            return None;
+        }
+        // An extend in flight moved the deadline on.
+        return Some(lease.next_renewal().max(Instant::now()));
     }
     if lease.can_batch() && !lease.take_batch_failed() {
         match lease.try_gate_owned() {
@@ -457,9 +459,10 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
             let now = Instant::now();
             if now >= deadline {
                 log::warn!("renewing lock {:?} failed: {e}", lease.keys.lock);
-                lease.mark_lost(LostReason::Unreachable);
-                lease.notify_lost();
-                return None;
+                if lease.lose_if_expired() || lease.gate_closed() {
+                    return None;
+                }
+                return Some(lease.next_renewal().max(Instant::now()));
             }
             log::warn!("renewing lock {:?} failed, retrying: {e}", lease.keys.lock);
             Some(now + (ttl / 10).max(MIN_RETRY).min(deadline - now))
