@@ -20,8 +20,9 @@ use crate::cancel::Watch;
 use crate::connection;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::lease::{local_deadline, release_token};
-use crate::scripts::{self, ACQUIRE, EXTEND};
+use crate::kinds::{Kind, wrong_kind};
+use crate::lease::{local_deadline, release_hold};
+use crate::scripts;
 use crate::waiting::{self, Backoff, Wait};
 
 /// One acquisition in progress.
@@ -33,6 +34,7 @@ pub(crate) struct Acquire<'a> {
     pub wait: Wait,
     pub watch: Watch,
     pub replicas: Option<Replicas>,
+    pub kind: Kind,
 }
 
 /// A lock acquired: its fencing token, the lease the key was given (the ttl, or less for a
@@ -80,6 +82,11 @@ impl Acquire<'_> {
     /// caller holds nothing (or, when Redis became unreachable, a withdrawal was tried and
     /// the docs of [`crate::Error::outcome_unknown`] apply).
     pub fn run(&self, renew: bool) -> Result<Granted> {
+        self.run_inner(renew)
+            .map_err(|e| wrong_kind(e, self.kind, &self.keys.lock))
+    }
+
+    fn run_inner(&self, renew: bool) -> Result<Granted> {
         let backend = self.backend;
         let started = Instant::now();
         let one_request = backend.pool_wait
@@ -196,24 +203,13 @@ impl Acquire<'_> {
     }
 
     fn attempt_call(&self, mode: u8) -> Call {
-        let keys = self.keys;
         let grace_ms = waiting::grace(self.backend.io_timeout).as_millis() as u64;
-        Call::script(
-            &ACQUIRE,
-            &[
-                &keys.lock,
-                &keys.fence,
-                &keys.wake,
-                &keys.queue,
-                &keys.grant,
-            ],
-            &[
-                &self.token,
-                &(self.ttl.as_millis() as u64),
-                &scripts::FENCE_TTL_MS,
-                &mode,
-                &grace_ms,
-            ],
+        self.kind.attempt(
+            self.keys,
+            self.token,
+            self.ttl.as_millis() as u64,
+            mode,
+            grace_ms,
         )
     }
 
@@ -235,7 +231,8 @@ impl Acquire<'_> {
         if let (Attempt::Granted(_), Some(replicas)) = (&attempt, &self.replicas) {
             if let Err(e) = replicas.check(values.next(), "acquiring") {
                 let cutoff = Some(Instant::now() + self.backend.io_timeout);
-                let rolled_back = release_token(self.backend, self.keys, self.token, cutoff, true);
+                let rolled_back =
+                    release_hold(self.backend, self.kind, self.keys, self.token, cutoff, true);
                 return Err(match rolled_back {
                     Ok(_) => e.context("rolled back"),
                     Err(undo) => e.context(&format!(
@@ -269,7 +266,7 @@ impl Acquire<'_> {
     ) -> Result<Option<Attempt>> {
         let mut blpop = redis::cmd("BLPOP");
         blpop
-            .arg(&self.keys.wake)
+            .arg(self.kind.wake_list(self.keys))
             .arg(format!("{:.3}", block.as_secs_f64()));
         let mut calls = vec![Call::blocking(&blpop, block)];
         calls.extend(self.attempt_calls(mode));
@@ -304,11 +301,10 @@ impl Acquire<'_> {
         if remaining >= self.ttl * 2 / 3 || (renew && remaining >= granted.lease / 3) {
             return Settled::Held(granted);
         }
-        let mut calls = vec![Call::script(
-            &EXTEND,
-            &[&self.keys.lock],
-            &[&self.token, &(self.ttl.as_millis() as u64)],
-        )];
+        let mut calls = vec![
+            self.kind
+                .extend(self.keys, self.token, self.ttl.as_millis() as u64),
+        ];
         calls.extend(self.replicas.map(|r| r.call()));
         let how = Exec {
             cutoff,
@@ -353,7 +349,7 @@ impl Acquire<'_> {
     /// Gives back a lock that cannot be used (best effort, within one I/O timeout).
     fn given_back(&self, settled: Settled) -> Settled {
         let cutoff = Some(Instant::now() + self.backend.io_timeout);
-        if let Err(e) = release_token(self.backend, self.keys, self.token, cutoff, true) {
+        if let Err(e) = release_hold(self.backend, self.kind, self.keys, self.token, cutoff, true) {
             log::warn!(
                 "could not give back lock {:?} ({e}); it lapses after its lease",
                 self.keys.lock
@@ -387,7 +383,7 @@ impl Acquire<'_> {
                 until = until.min(cutoff.max(Instant::now() + Duration::from_millis(20)));
             }
             let cutoff = Some(until);
-            match release_token(self.backend, self.keys, self.token, cutoff, true) {
+            match release_hold(self.backend, self.kind, self.keys, self.token, cutoff, true) {
                 Ok(true) => log::debug!(
                     "withdrawing from {:?} undid a grant never heard of",
                     self.keys.lock

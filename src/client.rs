@@ -259,6 +259,34 @@ impl Client {
         LockBuilder::new(self, name)
     }
 
+    /// Starts describing a permit of the counting semaphore `name`, which lets at most
+    /// `permits` holders in at once: the same verbs (`try_acquire`, `acquire_timeout`,
+    /// `acquire`) and options as [`lock`](Self::lock) give a guard that holds one permit,
+    /// with its own lease (renewed), lost signal and fencing token. A crashed holder's
+    /// permit frees itself after its ttl (by the server's clock). The limit is the one
+    /// the caller passes: every caller of one name should pass the same (a caller with a
+    /// larger count may take permits beyond a smaller one's limit). A release wakes one
+    /// blocked waiter, which then tries again (a newcomer may take the permit first: no
+    /// order among semaphore waiters). Not available on Redlock clients.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1:6379/0")?;
+    /// let permit = client.semaphore("api:partner", 5).acquire()?; // at most 5 at once
+    /// // ... call the API ...
+    /// permit.release()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore<'a>(&'a self, name: &'a str, permits: u32) -> LockBuilder<'a> {
+        LockBuilder::new(self, name).of_kind(crate::kinds::Kind::Permit(permits))
+    }
+
+    /// The read-write lock `name`: many readers or one writer. [`RwLock::read`] and
+    /// [`RwLock::write`] start describing a hold, acquired with the same verbs as a lock.
+    pub fn rwlock<'a>(&'a self, name: &'a str) -> RwLock<'a> {
+        RwLock { client: self, name }
+    }
+
     /// Whether anyone holds the lock `name` right now (one `EXISTS`). Blocking: bounded by
     /// the pool wait, the connect timeout and the I/O timeout. To know whether *you* hold
     /// a lock, use [`crate::LockGuard::is_held`].
@@ -383,6 +411,39 @@ fn backend_for(target: &url::Target, options: &ClientOptions) -> Result<Backend>
         options.io_timeout,
         options.pool_wait,
     ))
+}
+
+/// A read-write lock: many readers at once, or one writer. A waiting writer keeps new
+/// readers out, so a steady stream of readers cannot starve it; when the lock frees, a
+/// waiting writer goes first, then every waiting reader is woken. Each reader's lease and
+/// the writer's are token-checked, renewed, and expire on their own (by the server's
+/// clock). Not available on Redlock clients.
+///
+/// ```no_run
+/// # fn main() -> redlease::Result<()> {
+/// # let client = redlease::Client::open("redis://127.0.0.1:6379/0")?;
+/// let reading = client.rwlock("catalog").read().acquire()?;
+/// reading.release()?;
+/// let writing = client.rwlock("catalog").write().acquire()?;
+/// writing.release()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct RwLock<'a> {
+    client: &'a Client,
+    name: &'a str,
+}
+
+impl<'a> RwLock<'a> {
+    /// Starts describing a read hold (shared with other readers).
+    pub fn read(self) -> LockBuilder<'a> {
+        LockBuilder::new(self.client, self.name).of_kind(crate::kinds::Kind::Read)
+    }
+
+    /// Starts describing the write hold (exclusive).
+    pub fn write(self) -> LockBuilder<'a> {
+        LockBuilder::new(self.client, self.name).of_kind(crate::kinds::Kind::Write)
+    }
 }
 
 /// `host/pid`, for the owner label of tokens.

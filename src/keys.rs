@@ -56,6 +56,10 @@ pub(crate) struct LockKeys {
     pub queue: String,
     /// The handoff token of a grant not yet taken.
     pub grant: String,
+    /// Read-write locks: the readers waiting.
+    pub readers: String,
+    /// Read-write locks: the wake-up list of readers (writers use `wake`).
+    pub reader_wake: String,
 }
 
 impl LockKeys {
@@ -94,6 +98,8 @@ impl LockKeys {
             wake: format!("{RESERVED_PREFIX}wakeup:{tail}"),
             queue: format!("{RESERVED_PREFIX}queue:{tail}"),
             grant: format!("{RESERVED_PREFIX}grant:{tail}"),
+            readers: format!("{RESERVED_PREFIX}readers:{tail}"),
+            reader_wake: format!("{RESERVED_PREFIX}rwakeup:{tail}"),
             lock,
         })
     }

@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::backend::{self, Backend, Call, Exec, Lane, Replicas};
+use crate::backend::{self, Backend, Exec, Lane, Replicas};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
+use crate::kinds::Kind;
 use crate::process;
 use crate::redlock;
 use crate::scripts;
-use crate::token;
 use crate::waiting;
 
 /// Why a held lock was lost.
@@ -62,6 +62,8 @@ pub(crate) struct Lease {
     on_lost: Option<LostCallback>,
     /// Replicas that must acknowledge each extend.
     replicas: Option<Replicas>,
+    /// What the hold is on the server.
+    pub kind: Kind,
     state: Mutex<LeaseState>,
     /// Taken while an extend or a renewal is in flight; closed by a release.
     gate: Gate,
@@ -237,6 +239,7 @@ impl Lease {
             process: process::generation(),
             on_lost,
             replicas: None,
+            kind: Kind::Mutex,
             state: Mutex::new(LeaseState {
                 ttl,
                 leased,
@@ -252,6 +255,12 @@ impl Lease {
             packed_extend: Mutex::new(None),
             batch_failed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Makes the lease one of `kind` (a mutex by default).
+    pub fn with_kind(mut self, kind: Kind) -> Self {
+        self.kind = kind;
+        self
     }
 
     /// Makes every extend and renewal wait for `replicas` to acknowledge it.
@@ -460,11 +469,7 @@ impl Lease {
                 return Ok(Extended::Lost(LostReason::Unreachable));
             }
         }
-        let mut calls = vec![Call::script(
-            &scripts::EXTEND,
-            &[&self.keys.lock],
-            &[&self.token, &ttl_ms],
-        )];
+        let mut calls = vec![self.kind.extend(&self.keys, &self.token, ttl_ms)];
         calls.extend(self.replicas.map(|r| r.call()));
         let how = Exec {
             cutoff,
@@ -558,11 +563,7 @@ impl Lease {
             match cached.as_ref() {
                 Some((cached_ttl, call)) if *cached_ttl == ttl => call.clone(),
                 _ => {
-                    let call = Call::script(
-                        &scripts::EXTEND,
-                        &[&self.keys.lock],
-                        &[&self.token, &ttl_millis(ttl)?],
-                    );
+                    let call = self.kind.extend(&self.keys, &self.token, ttl_millis(ttl)?);
                     *cached = Some((ttl, call.clone()));
                     call
                 }
@@ -619,33 +620,30 @@ impl Lease {
                 valid_until,
             );
         }
-        release_token(&self.backend, &self.keys, &self.token, None, false)
+        release_hold(
+            &self.backend,
+            self.kind,
+            &self.keys,
+            &self.token,
+            None,
+            false,
+        )
     }
 }
 
-/// Runs the release script for `token`: the release of a held lock, or (`withdraw`) the
-/// withdrawal of a waiter that gives up, which also undoes a grant it may have taken
-/// unawares. `Ok(true)` when the key held `token` and no longer does.
-pub(crate) fn release_token(
+/// Runs the release script of `kind` for `token`: the release of a hold, or (`withdraw`)
+/// the withdrawal of a waiter that gives up, which also undoes a hold it may have taken
+/// unawares. `Ok(true)` when the hold was there and no longer is.
+pub(crate) fn release_hold(
     backend: &Backend,
+    kind: Kind,
     keys: &LockKeys,
     token: &str,
     cutoff: Option<Instant>,
     withdraw: bool,
 ) -> Result<bool> {
-    let handoff = token::new_token("handoff");
-    let max_claim = waiting::grace(backend.io_timeout).as_millis() as u64;
-    let call = Call::script(
-        &scripts::RELEASE,
-        &[&keys.lock, &keys.wake, &keys.queue, &keys.grant],
-        &[
-            &token,
-            &handoff,
-            &scripts::MIN_CLAIM_MS,
-            &max_claim,
-            &u8::from(withdraw),
-        ],
-    );
+    let grace = waiting::grace(backend.io_timeout).as_millis() as u64;
+    let call = kind.release(keys, token, scripts::MIN_CLAIM_MS, grace, withdraw);
     let how = Exec {
         cutoff,
         ..backend.exec_on(Lane::Urgent)

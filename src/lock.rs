@@ -13,6 +13,7 @@ use crate::cancel::{CancelToken, InterruptHook, Watch};
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
+use crate::kinds::Kind;
 use crate::lease::{Extended, Lease, LostCallback, LostReason, ttl_millis};
 use crate::renewal::Renewal;
 use crate::token;
@@ -35,6 +36,7 @@ pub struct LockBuilder<'a> {
     cancel: Option<CancelToken>,
     on_interrupt: Option<InterruptHook>,
     replicas: Option<(u32, Duration)>,
+    kind: Kind,
 }
 
 impl<'a> LockBuilder<'a> {
@@ -48,7 +50,15 @@ impl<'a> LockBuilder<'a> {
             cancel: None,
             on_interrupt: None,
             replicas: None,
+            kind: Kind::Mutex,
         }
+    }
+
+    /// The builder of another kind of hold on the same name (a semaphore's permit, a side
+    /// of a read-write lock).
+    pub(crate) fn of_kind(mut self, kind: Kind) -> Self {
+        self.kind = kind;
+        self
     }
 
     /// The lease: how long the lock outlives a holder that stops renewing (crashes, pauses,
@@ -157,8 +167,18 @@ impl<'a> LockBuilder<'a> {
             wait,
             watch,
             replicas,
+            kind: self.kind,
         };
+        if let Kind::Permit(0) = self.kind {
+            return Err(Error::invalid("a semaphore needs at least one permit"));
+        }
         let granted = match inner.backend.redlock_members() {
+            Some(_) if self.kind != Kind::Mutex => {
+                return Err(Error::invalid(format!(
+                    "a Redlock client takes mutexes only, not a {}",
+                    self.kind.noun()
+                )));
+            }
             Some(members) => {
                 if acquire.replicas.is_some() {
                     return Err(Error::invalid(
@@ -187,7 +207,8 @@ impl<'a> LockBuilder<'a> {
             granted.sent_at,
             self.on_lost,
         )
-        .with_replicas(replicas);
+        .with_replicas(replicas)
+        .with_kind(self.kind);
         LockGuard::start(lease, self.renew)
     }
 }

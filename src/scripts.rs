@@ -233,3 +233,252 @@ return 0
         .to_owned(),
     )
 });
+
+/// Helpers of the semaphore and read-write lock scripts: a registration of a waiter (as in
+/// [`ACQUIRE`]), and the wake-ups a release leaves for blocked waiters.
+const WAITERS: &str = r"
+local function register(queue, token, mode, lives)
+  if mode == 3 then
+    redis.call('ZREM', queue, token)
+  elseif mode ~= 0 then
+    redis.call('ZADD', queue, now_ms() + lives, token)
+    if redis.call('PTTL', queue) < lives then
+      redis.call('PEXPIRE', queue, lives)
+    end
+  end
+end
+local function wake(wakeup, queue, count, lives)
+  if redis.call('EXISTS', queue) == 0 then
+    return
+  end
+  redis.call('ZREMRANGEBYSCORE', queue, '-inf', now_ms())
+  local n = math.min(redis.call('ZCARD', queue), count)
+  if n > 0 then
+    redis.call('DEL', wakeup)
+    for _ = 1, n do
+      redis.call('RPUSH', wakeup, '1')
+    end
+    redis.call('PEXPIRE', wakeup, lives)
+  end
+end
+";
+
+/// Semaphore acquire: a permit is the token as a member of the sorted set under the
+/// semaphore's key, scored by when it expires (the server's clock, so a crashed holder's
+/// permit frees itself after its ttl whatever the clients' clocks say).
+///
+/// - KEYS[1] semaphore, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue
+/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fencing counter expiry ms, ARGV[4] mode
+///   (`MODE_*`), ARGV[5] the waiter's grace ms, ARGV[6] permits
+/// - Returns `{1, fencing_token, ttl_ms}` when a permit is taken, `{0, ms}` when all are
+///   held (`ms`: until the first of them expires).
+///
+/// A woken waiter is not handed a permit: it tries again (no grant across permits), so a
+/// newcomer may take the permit first.
+pub(crate) static ACQUIRE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{NEXT_FENCE}{NOW_MS}{WAITERS}{}",
+        r"
+local token, ttl, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local taken = redis.call('ZSCORE', KEYS[1], token)
+if taken or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[6]) then
+  redis.call('ZADD', KEYS[1], now + ttl, token)
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  if mode ~= 0 then
+    redis.call('ZREM', KEYS[4], token)
+  end
+  return {1, next_fence(KEYS[2], ARGV[3]), ttl}
+end
+register(KEYS[4], token, mode, tonumber(ARGV[5]))
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {0, math.max(tonumber(first[2]) - now, 0)}
+"
+    ))
+});
+
+/// Semaphore extend: the permit's new expiry, if it is still held.
+///
+/// - KEYS[1] semaphore; ARGV[1] token, ARGV[2] ttl ms
+/// - Returns 1 when extended, 0 when the permit was gone.
+pub(crate) static EXTEND_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{NOW_MS}{}",
+        r"
+local now = now_ms()
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not expiry or tonumber(expiry) <= now then
+  return 0
+end
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+"
+    ))
+});
+
+/// Semaphore release: gives the permit back and wakes one waiter. With ARGV[3] = 1 a
+/// waiter that gives up withdraws its registration (and a permit it may have taken
+/// unawares).
+///
+/// - KEYS[1] semaphore, KEYS[2] wake list, KEYS[3] queue
+/// - ARGV[1] token, ARGV[2] grace ms (how long a wake-up waits), ARGV[3] withdraw
+/// - Returns 1 when the permit was held (and is given back), 0 when it was not.
+pub(crate) static RELEASE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{NOW_MS}{WAITERS}{}",
+        r"
+if ARGV[3] == '1' then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not expiry then
+  return 0
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+if tonumber(expiry) <= now_ms() then
+  return 0
+end
+wake(KEYS[2], KEYS[3], 1, tonumber(ARGV[2]))
+return 1
+"
+    ))
+});
+
+/// Read-write lock acquire. The lock's key is a hash: field `w` holds
+/// `"<expiry ms> <token>"` of the writer, fields `r:<token>` the expiry of each reader (the
+/// server's clock). A waiting writer registers in the writers' queue, which keeps new
+/// readers out (no writer starvation); readers that wait register in the readers' queue.
+///
+/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] (unused: the wake list, declared for
+///   symmetry), KEYS[4] writers' queue, KEYS[5] readers' queue
+/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fencing counter expiry ms, ARGV[4] mode,
+///   ARGV[5] the waiter's grace ms, ARGV[6] `w` or `r`
+/// - Returns `{1, fencing_token, ttl_ms}` or `{0, ms}` (until the first holder expires).
+pub(crate) static ACQUIRE_RW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{NEXT_FENCE}{NOW_MS}{WAITERS}{}",
+        r"
+local token, ttl, mode, side = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4]), ARGV[6]
+local now = now_ms()
+-- Prune holders whose lease ended; note the first expiry left.
+local first = nil
+local fields = redis.call('HGETALL', KEYS[1])
+local writer = nil
+for i = 1, #fields, 2 do
+  local name, value = fields[i], fields[i + 1]
+  local expiry, holder = string.match(value, '^(%d+) ?(.*)$')
+  expiry = tonumber(expiry)
+  if not expiry or expiry <= now then
+    redis.call('HDEL', KEYS[1], name)
+  else
+    if name == 'w' then writer = holder end
+    if not first or expiry < first then first = expiry end
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+local function granted(field, value)
+  redis.call('HSET', KEYS[1], field, value)
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  if mode ~= 0 then
+    redis.call('ZREM', side == 'w' and KEYS[4] or KEYS[5], token)
+  end
+  return {1, next_fence(KEYS[2], ARGV[3]), ttl}
+end
+if side == 'w' then
+  if writer == token or redis.call('HLEN', KEYS[1]) == 0 then
+    return granted('w', string.format('%.0f', now + ttl) .. ' ' .. token)
+  end
+  register(KEYS[4], token, mode, tonumber(ARGV[5]))
+else
+  local again = redis.call('HEXISTS', KEYS[1], 'r:' .. token) == 1
+  if again or (not writer and redis.call('ZCARD', KEYS[4]) == 0) then
+    return granted('r:' .. token, string.format('%.0f', now + ttl))
+  end
+  register(KEYS[5], token, mode, tonumber(ARGV[5]))
+end
+return {0, first and math.max(first - now, 0) or -1}
+"
+    ))
+});
+
+/// Read-write lock extend: the hold's new expiry, if it is still held.
+///
+/// - KEYS[1] lock; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] `w` or `r`
+/// - Returns 1 when extended, 0 when the hold was gone.
+pub(crate) static EXTEND_RW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{NOW_MS}{}",
+        r"
+local now, ttl = now_ms(), tonumber(ARGV[2])
+local field = ARGV[3] == 'w' and 'w' or 'r:' .. ARGV[1]
+local value = redis.call('HGET', KEYS[1], field)
+if not value then
+  return 0
+end
+local expiry, holder = string.match(value, '^(%d+) ?(.*)$')
+if tonumber(expiry) <= now or (ARGV[3] == 'w' and holder ~= ARGV[1]) then
+  return 0
+end
+if ARGV[3] == 'w' then
+  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', now + ttl) .. ' ' .. ARGV[1])
+else
+  redis.call('HSET', KEYS[1], field, string.format('%.0f', now + ttl))
+end
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return 1
+"
+    ))
+});
+
+/// Read-write lock release: gives the hold back. When the lock is then free, it wakes one
+/// waiting writer (writers go first, so a stream of readers cannot starve them), or else
+/// every waiting reader (up to 64): readers and writers block on wake lists of their own.
+///
+/// - KEYS[1] lock, KEYS[2] writers' wake list, KEYS[3] writers' queue, KEYS[4] readers'
+///   queue, KEYS[5] readers' wake list
+/// - ARGV[1] token, ARGV[2] grace ms, ARGV[3] withdraw, ARGV[4] `w` or `r`
+/// - Returns 1 when the hold was there (and is given back), 0 when it was not.
+pub(crate) static RELEASE_RW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{NOW_MS}{WAITERS}{}",
+        r"
+if ARGV[3] == '1' then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+end
+local field = ARGV[4] == 'w' and 'w' or 'r:' .. ARGV[1]
+local value = redis.call('HGET', KEYS[1], field)
+if not value then
+  return 0
+end
+local expiry, holder = string.match(value, '^(%d+) ?(.*)$')
+if ARGV[4] == 'w' and holder ~= ARGV[1] then
+  return 0
+end
+redis.call('HDEL', KEYS[1], field)
+if tonumber(expiry) <= now_ms() then
+  return 0
+end
+local lives = tonumber(ARGV[2])
+if redis.call('HLEN', KEYS[1]) == 0 then
+  -- Free: a waiting writer first (one wake-up); otherwise every waiting reader.
+  if redis.call('EXISTS', KEYS[3]) == 1 and redis.call('ZCOUNT', KEYS[3], now_ms(), '+inf') > 0 then
+    wake(KEYS[2], KEYS[3], 1, lives)
+  else
+    wake(KEYS[5], KEYS[4], 64, lives)
+  end
+end
+return 1
+"
+    ))
+});

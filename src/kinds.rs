@@ -1,0 +1,182 @@
+//! The kinds of lock, and what a hold of each is on the server: the scripts that take it,
+//! extend it and give it back. Everything else (waiting, leases, renewal, fencing tokens,
+//! the lost signal) is shared by all kinds.
+//!
+//! - **Mutex**: the key holds the token (the canonical `SET NX PX` protocol); a release
+//!   hands the lock to the waiter that blocked first.
+//! - **Permit** of a counting semaphore: the key is a sorted set of holders' tokens, scored
+//!   by when each permit expires by the server's clock.
+//! - **Read** and **Write** sides of a read-write lock: the key is a hash with the writer
+//!   (field `w`) or the readers (fields `r:<token>`), each with its expiry by the server's
+//!   clock; a waiting writer keeps new readers out.
+//!
+//! A name in use by one kind and asked for as another gets a clear error: the key's Redis
+//! type differs (string, sorted set, hash), so the other kind's script fails with
+//! `WRONGTYPE` before it writes anything, which [`wrong_kind`] turns into a message.
+
+use crate::backend::Call;
+use crate::error::{Error, ErrorKind};
+use crate::keys::LockKeys;
+use crate::scripts;
+use crate::token;
+
+/// A kind of lock (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Mutex,
+    /// A permit of a semaphore of this many permits.
+    Permit(u32),
+    Read,
+    Write,
+}
+
+impl Kind {
+    /// An attempt to take a hold (`mode` as in [`scripts::ACQUIRE`]).
+    pub fn attempt(
+        self,
+        keys: &LockKeys,
+        token: &str,
+        ttl_ms: u64,
+        mode: u8,
+        grace_ms: u64,
+    ) -> Call {
+        match self {
+            Kind::Mutex => Call::script(
+                &scripts::ACQUIRE,
+                &[
+                    &keys.lock,
+                    &keys.fence,
+                    &keys.wake,
+                    &keys.queue,
+                    &keys.grant,
+                ],
+                &[&token, &ttl_ms, &scripts::FENCE_TTL_MS, &mode, &grace_ms],
+            ),
+            Kind::Permit(permits) => Call::script(
+                &scripts::ACQUIRE_PERMIT,
+                &[&keys.lock, &keys.fence, &keys.wake, &keys.queue],
+                &[
+                    &token,
+                    &ttl_ms,
+                    &scripts::FENCE_TTL_MS,
+                    &mode,
+                    &grace_ms,
+                    &u64::from(permits),
+                ],
+            ),
+            Kind::Read | Kind::Write => Call::script(
+                &scripts::ACQUIRE_RW,
+                &[
+                    &keys.lock,
+                    &keys.fence,
+                    &keys.wake,
+                    &keys.queue,
+                    &keys.readers,
+                ],
+                &[
+                    &token,
+                    &ttl_ms,
+                    &scripts::FENCE_TTL_MS,
+                    &mode,
+                    &grace_ms,
+                    &self.side(),
+                ],
+            ),
+        }
+    }
+
+    /// A token-checked extend of a hold.
+    pub fn extend(self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Call {
+        match self {
+            Kind::Mutex => Call::script(&scripts::EXTEND, &[&keys.lock], &[&token, &ttl_ms]),
+            Kind::Permit(_) => {
+                Call::script(&scripts::EXTEND_PERMIT, &[&keys.lock], &[&token, &ttl_ms])
+            }
+            Kind::Read | Kind::Write => Call::script(
+                &scripts::EXTEND_RW,
+                &[&keys.lock],
+                &[&token, &ttl_ms, &self.side()],
+            ),
+        }
+    }
+
+    /// A token-checked release of a hold (or, with `withdraw`, the withdrawal of a waiter
+    /// that also gives back a hold it may have taken unawares). `min_claim_ms` and
+    /// `grace_ms` bound a mutex's handoff and a wake-up.
+    pub fn release(
+        self,
+        keys: &LockKeys,
+        token: &str,
+        min_claim_ms: u64,
+        grace_ms: u64,
+        withdraw: bool,
+    ) -> Call {
+        let withdraw = u8::from(withdraw);
+        match self {
+            Kind::Mutex => {
+                let handoff = token::new_token("handoff");
+                Call::script(
+                    &scripts::RELEASE,
+                    &[&keys.lock, &keys.wake, &keys.queue, &keys.grant],
+                    &[&token, &handoff, &min_claim_ms, &grace_ms, &withdraw],
+                )
+            }
+            Kind::Permit(_) => Call::script(
+                &scripts::RELEASE_PERMIT,
+                &[&keys.lock, &keys.wake, &keys.queue],
+                &[&token, &grace_ms, &withdraw],
+            ),
+            Kind::Read | Kind::Write => Call::script(
+                &scripts::RELEASE_RW,
+                &[
+                    &keys.lock,
+                    &keys.wake,
+                    &keys.queue,
+                    &keys.readers,
+                    &keys.reader_wake,
+                ],
+                &[&token, &grace_ms, &withdraw, &self.side()],
+            ),
+        }
+    }
+
+    /// The list a waiter of this kind blocks on.
+    pub fn wake_list(self, keys: &LockKeys) -> &str {
+        match self {
+            Kind::Read => &keys.reader_wake,
+            _ => &keys.wake,
+        }
+    }
+
+    /// What a hold of this kind is called, for messages.
+    pub fn noun(self) -> &'static str {
+        match self {
+            Kind::Mutex => "lock",
+            Kind::Permit(_) => "semaphore",
+            Kind::Read | Kind::Write => "read-write lock",
+        }
+    }
+
+    fn side(self) -> String {
+        match self {
+            Kind::Write => "w".to_owned(),
+            _ => "r".to_owned(),
+        }
+    }
+}
+
+/// Turns a `WRONGTYPE` server error into a clear one: the name is in use by another kind.
+pub(crate) fn wrong_kind(error: Error, kind: Kind, key: &str) -> Error {
+    if error.kind() == ErrorKind::Server && error.message().contains("WRONGTYPE") {
+        Error::new(
+            ErrorKind::Server,
+            format!(
+                "{key:?} is in use by another kind of lock than a {} (a name may be a mutex, \
+                 a semaphore or a read-write lock, not several at once)",
+                kind.noun()
+            ),
+        )
+    } else {
+        error
+    }
+}

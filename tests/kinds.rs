@@ -1,0 +1,386 @@
+//! Lock kinds (issue 15): counting semaphores and read-write locks, against real servers,
+//! with interval logs checked offline and the fault proxy.
+
+mod support;
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redlease::{Client, ClientOptions, ErrorKind};
+use support::proxy::{Action, Proxy};
+use support::{RedisServer, eventually, within};
+
+fn client(url: &str) -> Client {
+    Client::open(url).unwrap()
+}
+
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec; CLOCK_MONOTONIC is shared by every process of the host.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The largest number of intervals `(start, end)` that overlap at any instant.
+fn max_overlap(intervals: &[(u64, u64)]) -> usize {
+    let mut events: Vec<(u64, i32)> = Vec::new();
+    for &(start, end) in intervals {
+        events.push((start, 1));
+        events.push((end, -1));
+    }
+    // Ends before starts at the same instant: touching is not overlapping.
+    events.sort_by_key(|&(t, d)| (t, d));
+    let (mut now, mut max) = (0i32, 0i32);
+    for (_, d) in events {
+        now += d;
+        max = max.max(now);
+    }
+    max as usize
+}
+
+#[test]
+fn a_semaphore_admits_at_most_its_permits() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let permits: Vec<_> = (0..3)
+        .map(|_| client.semaphore("sem", 3).try_acquire().unwrap())
+        .collect();
+    let err = client.semaphore("sem", 3).try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+    let fences: Vec<u64> = permits.iter().map(|p| p.fencing_token()).collect();
+    assert!(fences.windows(2).all(|w| w[1] > w[0]), "{fences:?}");
+    let stored: Vec<String> = server.cmd(&["ZRANGE", "sem", "0", "-1"]);
+    assert_eq!(stored.len(), 3);
+    // A waiter is woken by a release (not by its backoff: it waits under a second).
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let permit = client
+                .semaphore("sem", 3)
+                .acquire_timeout(Duration::from_secs(10))?;
+            Ok::<_, redlease::Error>((permit, started.elapsed()))
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") >= 1));
+    std::thread::sleep(Duration::from_millis(100));
+    let mut permits = permits;
+    permits.pop().unwrap().release().unwrap();
+    let (permit, waited) = waiter.join().unwrap().unwrap();
+    assert!(waited < Duration::from_millis(900), "{waited:?}");
+    permit.release().unwrap();
+    for p in permits {
+        p.release().unwrap();
+    }
+    assert_eq!(server.cmd::<i64>(&["ZCARD", "sem"]), 0);
+    let err = client.semaphore("zero", 0).try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn a_name_in_use_by_one_kind_refuses_the_others_clearly() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let mutex = client.lock("shared-name").try_acquire().unwrap();
+    for err in [
+        client
+            .semaphore("shared-name", 2)
+            .try_acquire()
+            .unwrap_err(),
+        client
+            .rwlock("shared-name")
+            .read()
+            .try_acquire()
+            .unwrap_err(),
+        client
+            .rwlock("shared-name")
+            .write()
+            .try_acquire()
+            .unwrap_err(),
+    ] {
+        assert!(err.message().contains("another kind of lock"), "{err}");
+    }
+    assert!(mutex.is_held());
+    mutex.release().unwrap();
+    let permit = client.semaphore("shared-name", 2).try_acquire().unwrap();
+    let err = client.lock("shared-name").try_acquire().unwrap_err();
+    assert!(err.message().contains("another kind of lock"), "{err}");
+    permit.release().unwrap();
+}
+
+#[test]
+fn read_write_locks_share_reads_and_exclude_writes() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let rw = client.rwlock("rw");
+    let r1 = rw.read().try_acquire().unwrap();
+    let r2 = rw.read().try_acquire().unwrap();
+    assert_eq!(
+        rw.write().try_acquire().unwrap_err().kind(),
+        ErrorKind::Busy
+    );
+    r1.release().unwrap();
+    r2.release().unwrap();
+    let w = rw.write().try_acquire().unwrap();
+    assert_eq!(rw.read().try_acquire().unwrap_err().kind(), ErrorKind::Busy);
+    assert_eq!(
+        rw.write().try_acquire().unwrap_err().kind(),
+        ErrorKind::Busy
+    );
+    assert!(w.fencing_token() > 0);
+    // Readers blocked on the writer are all woken by its release.
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                let r = client
+                    .rwlock("rw")
+                    .read()
+                    .acquire_timeout(Duration::from_secs(10))?;
+                let waited = started.elapsed();
+                std::thread::sleep(Duration::from_millis(200));
+                r.release()?;
+                Ok::<_, redlease::Error>(waited)
+            })
+        })
+        .collect();
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") >= 3));
+    std::thread::sleep(Duration::from_millis(50));
+    w.release().unwrap();
+    for r in readers {
+        let waited = r.join().unwrap().unwrap();
+        assert!(waited < Duration::from_secs(1), "{waited:?}");
+    }
+}
+
+/// A stream of readers (each holding 30 ms, always one or more in) cannot starve a writer:
+/// it registers, new readers then stay out, and it gets in once the readers inside leave.
+#[test]
+fn a_stream_of_readers_cannot_starve_a_writer() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let stop = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(AtomicI64::new(0));
+    let violations = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, stop, inside, violations) = (
+                client.clone(),
+                stop.clone(),
+                inside.clone(),
+                violations.clone(),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(r) = client
+                        .rwlock("stream")
+                        .read()
+                        .acquire_timeout(Duration::from_secs(5))
+                    else {
+                        continue;
+                    };
+                    if inside.fetch_add(1, Ordering::SeqCst) < 0 {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    std::thread::sleep(Duration::from_millis(30));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    let _ = r.release();
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let w = client
+        .rwlock("stream")
+        .write()
+        .acquire_timeout(Duration::from_secs(5))
+        .unwrap();
+    let waited = started.elapsed();
+    // Exclusive: no reader inside while the writer holds.
+    if inside.swap(-1000, Ordering::SeqCst) != 0 {
+        violations.fetch_add(1, Ordering::SeqCst);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    inside.fetch_add(1000, Ordering::SeqCst);
+    w.release().unwrap();
+    stop.store(true, Ordering::SeqCst);
+    for r in readers {
+        r.join().unwrap();
+    }
+    assert_eq!(violations.load(Ordering::SeqCst), 0);
+    // Readers hold 30 ms each: the writer is in within a few of their holds (a margin for
+    // a busy machine).
+    assert!(
+        waited < Duration::from_secs(2),
+        "the writer waited {waited:?}"
+    );
+}
+
+/// A holder killed with SIGKILL frees its permit after its ttl.
+#[test]
+fn a_killed_holders_permit_frees_itself_after_its_ttl() {
+    let server = RedisServer::start();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "permit_holder", "--ignored", "--nocapture"])
+        .env("KINDS_HOLDER_URL", server.url())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = client(&server.url());
+    assert!(eventually(Duration::from_secs(10), || {
+        server.cmd::<i64>(&["ZCARD", "killed"]) == 1
+    }));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let killed = Instant::now();
+    assert_eq!(
+        client
+            .semaphore("killed", 1)
+            .try_acquire()
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Busy
+    );
+    let permit = client
+        .semaphore("killed", 1)
+        .acquire_timeout(Duration::from_secs(5))
+        .unwrap();
+    let freed = killed.elapsed();
+    assert!(freed <= Duration::from_millis(1500), "{freed:?}");
+    permit.release().unwrap();
+}
+
+/// The holder process of the test above (run only when its environment is set).
+#[test]
+#[ignore]
+fn permit_holder() {
+    let Ok(url) = std::env::var("KINDS_HOLDER_URL") else {
+        return;
+    };
+    let permit = client(&url)
+        .semaphore("killed", 1)
+        .ttl(Duration::from_secs(1))
+        .try_acquire()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+    drop(permit);
+}
+
+/// A semaphore of 3, 12 threads in 3 processes for 20 s: never more than 3 holders (an
+/// interval log checked offline), and every thread makes progress. Each process talks to
+/// Redis through a proxy that delays some replies and drops one.
+#[test]
+fn a_semaphore_of_three_holds_across_processes_and_faults() {
+    let server = RedisServer::start();
+    let secs: u64 = std::env::var("REDLEASE_KINDS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let dir = tempfile::tempdir().unwrap();
+    let proxies: Vec<Proxy> = (0..3).map(|_| Proxy::start(server.port)).collect();
+    for proxy in &proxies {
+        proxy.on_request(
+            b"EVALSHA",
+            20,
+            Action::DelayReply(Duration::from_millis(50)),
+        );
+    }
+    proxies[0].on_request(b":permit-worker", 1, Action::DropReply);
+    let children: Vec<_> = proxies
+        .iter()
+        .enumerate()
+        .map(|(p, proxy)| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "semaphore_worker", "--ignored", "--nocapture"])
+                .env("KINDS_WORKER_URL", proxy.url())
+                .env("KINDS_WORKER_LOG", dir.path().join(format!("{p}.log")))
+                .env("KINDS_WORKER_SECS", secs.to_string())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        let status = within(Duration::from_secs(secs + 60), move || {
+            child.wait().unwrap()
+        });
+        assert!(status.success());
+    }
+    let mut intervals = Vec::new();
+    let mut per_thread = std::collections::HashMap::new();
+    for p in 0..3 {
+        let text = std::fs::read_to_string(dir.path().join(format!("{p}.log"))).unwrap();
+        for line in text.lines() {
+            let mut parts = line.split_whitespace();
+            let (Some(a), Some(b), Some(who)) = (parts.next(), parts.next(), parts.next()) else {
+                continue;
+            };
+            intervals.push((a.parse::<u64>().unwrap(), b.parse::<u64>().unwrap()));
+            *per_thread.entry(who.to_owned()).or_insert(0u64) += 1;
+        }
+    }
+    assert!(intervals.len() > 30, "{} holds", intervals.len());
+    assert!(
+        max_overlap(&intervals) <= 3,
+        "{} holders at once",
+        max_overlap(&intervals)
+    );
+    assert_eq!(
+        per_thread.len(),
+        12,
+        "threads without a permit: {per_thread:?}"
+    );
+}
+
+/// A worker process of the test above.
+#[test]
+#[ignore]
+fn semaphore_worker() {
+    let Ok(url) = std::env::var("KINDS_WORKER_URL") else {
+        return;
+    };
+    let log = std::env::var("KINDS_WORKER_LOG").unwrap();
+    let secs: u64 = std::env::var("KINDS_WORKER_SECS").unwrap().parse().unwrap();
+    let options = ClientOptions::default()
+        .owner_label("permit-worker")
+        .io_timeout(Duration::from_millis(500));
+    let client = Client::with_options(&url, options).unwrap();
+    let file = Arc::new(Mutex::new(std::fs::File::create(log).unwrap()));
+    let stop = Instant::now() + Duration::from_secs(secs);
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (client, file) = (client.clone(), file.clone());
+            std::thread::spawn(move || {
+                let who = format!("{}-{t}", std::process::id());
+                while Instant::now() < stop {
+                    let Ok(permit) = client
+                        .semaphore("three", 3)
+                        .ttl(Duration::from_secs(2))
+                        .acquire_timeout(Duration::from_secs(5))
+                    else {
+                        continue;
+                    };
+                    let start = now_ns();
+                    std::thread::sleep(Duration::from_millis(20));
+                    let end = now_ns();
+                    // Only holds the permit really covered are logged.
+                    if permit.is_held() {
+                        writeln!(file.lock().unwrap(), "{start} {end} {who}").unwrap();
+                    }
+                    let _ = permit.release();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
