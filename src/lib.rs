@@ -31,6 +31,13 @@
 //!
 //! Every call that talks to Redis blocks the calling thread for at most its timeouts
 //! ([`ClientOptions`]); nothing here needs an async runtime.
+//!
+//! Diagnostics (renewal retries, a lost lock nobody listens for, a server that may evict
+//! locks) go through the [`log`](https://docs.rs/log) facade: any logger the program
+//! installs shows them. C and Python programs get them through `lock_set_log_callback`
+//! ([`ffi`]). The same crate is the C library (`libredlease.so`, `libredlease.a`, header
+//! `include/redlease.h`); `scripts/install.sh` installs it with a SONAME and a pkg-config
+//! file.
 
 mod acquire;
 mod backend;
@@ -41,6 +48,7 @@ mod error;
 pub mod ffi;
 mod inspect;
 mod keys;
+mod kinds;
 mod lease;
 mod lock;
 mod pool;
@@ -54,7 +62,7 @@ mod url;
 mod waiting;
 
 pub use cancel::{CancelToken, cancel_all, reset_cancel_all};
-pub use client::{Client, ClientOptions};
+pub use client::{Client, ClientOptions, RwLock};
 pub use error::{Error, ErrorKind, Result};
 pub use inspect::{LockInfo, ServerCheck};
 pub use keys::{MAX_KEY_LEN, RESERVED_PREFIX, key_slot};
