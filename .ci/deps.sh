@@ -7,7 +7,10 @@ want redis-server redis-server
 for group in ${REDLEASE_DEPS:-}; do
   case "$group" in
     tls) want openssl openssl ;;
-    c) want cc gcc; want c++ g++; want valgrind valgrind ;;
+    c) want cc gcc; want c++ g++; want valgrind valgrind
+       # scripts/install.sh and tests/install_check.sh: readelf and strip, pkg-config.
+       want readelf binutils; want strip binutils; want pkg-config pkg-config
+       want redis-cli redis-tools ;;
     python) want python3 python3
             python3 -m venv --help >/dev/null 2>&1 || need_pkgs+=(python3-venv) ;;
   esac

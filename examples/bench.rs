@@ -230,8 +230,8 @@ impl Bench {
         use redlease::ffi::*;
         let url = CString::new(self.url.clone()).unwrap_or_default();
         let mut client: lock_client_t = 0;
-        // SAFETY: valid NUL-terminated strings and out-pointers.
         assert_eq!(
+            // SAFETY: valid NUL-terminated strings and out-pointers.
             unsafe { lock_client_open(url.as_ptr(), &mut client) },
             LOCK_OK
         );
@@ -624,8 +624,9 @@ fn proc_status(field: &str) -> u64 {
 }
 
 fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the struct it is given.
+    // SAFETY: rusage is plain integers, for which all-zero bytes are valid.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct it is given.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
     t(usage.ru_utime) + t(usage.ru_stime)
