@@ -9,6 +9,7 @@
 
 mod args;
 mod handles;
+mod logging;
 mod status;
 
 use std::ffi::{c_char, c_void};
@@ -17,6 +18,9 @@ use std::time::Duration;
 
 use self::args::{Out, copy_out, opt_str_arg, prefix_size, read_sized, str_arg};
 use self::handles::{HandleTable, Kind};
+pub use self::logging::{
+    LOCK_LOG_DEBUG, LOCK_LOG_ERROR, LOCK_LOG_INFO, LOCK_LOG_TRACE, LOCK_LOG_WARN, lock_log_cb,
+};
 use self::status::{Failure, boundary};
 pub use self::status::{
     LOCK_BUSY, LOCK_CANCELLED, LOCK_ERR_ARGUMENT, LOCK_ERR_CONNECTION, LOCK_ERR_HANDLE,
@@ -147,6 +151,8 @@ pub unsafe extern "C" fn lock_client_options_init(
     opts: *mut lock_client_options_t,
     size: usize,
 ) -> i32 {
+    // SAFETY: `opts` is NULL or writable for `size` bytes (this function's contract, as
+    // documented: `size` is `sizeof *opts`); init_sized checks both.
     boundary(|| unsafe {
         init_sized(
             opts,
@@ -259,6 +265,8 @@ pub unsafe extern "C" fn lock_client_open(
     url: *const c_char,
     out_client: *mut lock_client_t,
 ) -> i32 {
+    // SAFETY: `url` and `out_client` are NULL or valid (the caller's contract); open_client
+    // checks for NULL.
     boundary(|| unsafe { open_client(url, ClientOptions::default(), out_client) })
 }
 
@@ -271,7 +279,9 @@ unsafe fn open_client(
     options: ClientOptions,
     out_client: *mut lock_client_t,
 ) -> Result<(), Failure> {
+    // SAFETY: `url` is NULL or NUL-terminated (the caller's contract); it outlives this call.
     let url = unsafe { str_arg(url, "url") }?;
+    // SAFETY: `out_client` is NULL or writable (the caller's contract).
     let out = unsafe { Out::new(out_client, "out_client") }?;
     let client = Client::with_options(url, options)?;
     out.write(CLIENTS.insert(client));
@@ -289,6 +299,8 @@ pub unsafe extern "C" fn lock_client_open_opts(
     out_client: *mut lock_client_t,
 ) -> i32 {
     boundary(|| {
+        // SAFETY: `opts` is NULL or a struct filled by lock_client_options_init, at least
+        // `opts->size` bytes (the caller's contract); read_sized checks NULL and the size.
         let opts = unsafe {
             read_sized(
                 opts,
@@ -297,7 +309,9 @@ pub unsafe extern "C" fn lock_client_open_opts(
                 "opts",
             )
         }?;
+        // SAFETY: the strings in `opts` are NULL or NUL-terminated (the caller's contract).
         let options = unsafe { client_options(&opts) }?;
+        // SAFETY: `url` and `out_client` as in lock_client_open.
         unsafe { open_client(url, options, out_client) }
     })
 }
@@ -312,12 +326,15 @@ unsafe fn client_options(opts: &lock_client_options_t) -> Result<ClientOptions, 
         .io_timeout(millis(opts.io_timeout_ms))
         .pool_size(opts.pool_size as usize)
         .pool_wait(millis(opts.pool_wait_ms));
+    // SAFETY: NULL or NUL-terminated, by this function's contract (the three strings).
     if let Some(prefix) = unsafe { opt_str_arg(opts.key_prefix, "key_prefix") }? {
         options = options.key_prefix(prefix);
     }
+    // SAFETY: as above.
     if let Some(label) = unsafe { opt_str_arg(opts.owner_label, "owner_label") }? {
         options = options.owner_label(label);
     }
+    // SAFETY: as above.
     if let Some(path) = unsafe { opt_str_arg(opts.tls_ca_cert_file, "tls_ca_cert_file") }? {
         options = options.tls_ca_cert(args::read_small_file(path, "the CA certificate")?);
     }
@@ -338,6 +355,7 @@ pub unsafe extern "C" fn lock_client_open_redlock(
     out_client: *mut lock_client_t,
 ) -> i32 {
     boundary(|| {
+        // SAFETY: `out_client` is NULL or writable (the caller's contract).
         let out = unsafe { Out::new(out_client, "out_client") }?;
         if urls.is_null() {
             return Err(Failure::argument("urls is NULL"));
@@ -351,11 +369,15 @@ pub unsafe extern "C" fn lock_client_open_redlock(
         let pointers = unsafe { std::slice::from_raw_parts(urls, count) };
         let mut list = Vec::with_capacity(count);
         for (i, &url) in pointers.iter().enumerate() {
+            // SAFETY: each of the `count` pointers is NULL or NUL-terminated (the caller's
+            // contract); str_arg checks for NULL.
             list.push(unsafe { str_arg(url, &format!("urls[{i}]")) }?);
         }
         let options = if options.is_null() {
             ClientOptions::default()
         } else {
+            // SAFETY: non-NULL, filled by lock_client_options_init (the caller's contract);
+            // read_sized checks the size.
             let opts = unsafe {
                 read_sized(
                     options,
@@ -364,6 +386,7 @@ pub unsafe extern "C" fn lock_client_open_redlock(
                     "options",
                 )
             }?;
+            // SAFETY: the strings in `opts` are NULL or NUL-terminated (the caller's contract).
             unsafe { client_options(&opts) }?
         };
         let client = Client::redlock(&list, options)?;
@@ -401,6 +424,7 @@ pub unsafe extern "C" fn lock_acquire_options_init(
     opts: *mut lock_acquire_options_t,
     size: usize,
 ) -> i32 {
+    // SAFETY: as in lock_client_options_init.
     boundary(|| unsafe {
         init_sized(
             opts,
@@ -433,6 +457,8 @@ pub unsafe extern "C" fn lock_acquire(
     wait_ms: u64,
     out_lock: *mut lock_t,
 ) -> i32 {
+    // SAFETY: `key` and `out_lock` are passed on under this function's contract, which is
+    // lock_acquire_opts's; NULL options are allowed.
     unsafe { lock_acquire_opts(client, key, ttl_ms, wait_ms, std::ptr::null(), out_lock) }
 }
 
@@ -449,11 +475,16 @@ pub unsafe extern "C" fn lock_acquire_opts(
     out_lock: *mut lock_t,
 ) -> i32 {
     boundary(|| {
+        // SAFETY: `key` is NULL or NUL-terminated and outlives this call (the caller's
+        // contract).
         let key = unsafe { str_arg(key, "key") }?;
+        // SAFETY: `out_lock` is NULL or writable (the caller's contract).
         let out = unsafe { Out::new(out_lock, "out_lock") }?;
         let opts = if opts.is_null() {
             default_acquire_options()
         } else {
+            // SAFETY: non-NULL and filled by lock_acquire_options_init (the caller's
+            // contract); read_sized checks the size.
             unsafe {
                 read_sized(
                     opts,
@@ -520,6 +551,7 @@ struct UserData(*mut c_void);
 // SAFETY: the pointer is only passed back to the caller's callback; the header tells the
 // caller that the callback runs on another thread.
 unsafe impl Send for UserData {}
+// SAFETY: as for Send: the pointer is never dereferenced here, only passed back.
 unsafe impl Sync for UserData {}
 
 impl UserData {
@@ -547,7 +579,7 @@ pub extern "C" fn lock_release(lock: lock_t) -> i32 {
 /// for a renewal in flight, then one round trip. Results: `LOCK_OK`, `LOCK_NOT_HELD` (the
 /// lock was lost, now or before: a loss is final), `LOCK_ERR_ARGUMENT` (ttl under 10 ms),
 /// `LOCK_ERR_HANDLE`, `LOCK_ERR_CONNECTION` (the extend may or may not have happened; the
-/// lock then assumes the shorter of the two ttls), `LOCK_ERR_REDIS`.
+/// lock then never assumes more than the shorter of the two ttls again), `LOCK_ERR_REDIS`.
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_extend(lock: lock_t, ttl_ms: u64) -> i32 {
     boundary(|| with_guard(lock, |g| Ok(g.extend(millis(ttl_ms))?)))
@@ -558,6 +590,7 @@ pub extern "C" fn lock_extend(lock: lock_t, ttl_ms: u64) -> i32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lock_is_held(lock: lock_t, out_held: *mut bool) -> i32 {
     boundary(|| {
+        // SAFETY: `out_held` is NULL or writable (the caller's contract).
         let out = unsafe { Out::new(out_held, "out_held") }?;
         out.write(with_guard(lock, |g| Ok(g.is_held()))?);
         Ok(())
@@ -569,6 +602,7 @@ pub unsafe extern "C" fn lock_is_held(lock: lock_t, out_held: *mut bool) -> i32 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lock_fencing_token(lock: lock_t, out_token: *mut u64) -> i32 {
     boundary(|| {
+        // SAFETY: `out_token` is NULL or writable (the caller's contract).
         let out = unsafe { Out::new(out_token, "out_token") }?;
         out.write(with_guard(lock, |g| Ok(g.fencing_token()))?);
         Ok(())
@@ -585,6 +619,7 @@ pub const LOCK_TOKEN_MAX: usize = 128;
 pub unsafe extern "C" fn lock_token(lock: lock_t, buf: *mut c_char, buf_len: usize) -> i32 {
     boundary(|| {
         let token = with_guard(lock, |g| Ok(g.token().to_owned()))?;
+        // SAFETY: `buf` is NULL or writable for `buf_len` bytes (the caller's contract).
         unsafe { copy_out(&token, buf, buf_len) }
     })
 }
@@ -599,6 +634,7 @@ pub unsafe extern "C" fn lock_client_url(
 ) -> i32 {
     boundary(|| {
         let client = self::client(client)?;
+        // SAFETY: `buf` is NULL or writable for `buf_len` bytes (the caller's contract).
         unsafe { copy_out(client.url(), buf, buf_len) }
     })
 }
@@ -607,6 +643,7 @@ pub unsafe extern "C" fn lock_client_url(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lock_remaining_ms(lock: lock_t, out_ms: *mut u64) -> i32 {
     boundary(|| {
+        // SAFETY: `out_ms` is NULL or writable (the caller's contract).
         let out = unsafe { Out::new(out_ms, "out_ms") }?;
         out.write(with_guard(lock, |g| Ok(g.remaining().as_millis() as u64))?);
         Ok(())
@@ -621,7 +658,9 @@ pub unsafe extern "C" fn lock_is_locked(
     out_locked: *mut bool,
 ) -> i32 {
     boundary(|| {
+        // SAFETY: `key` is NULL or NUL-terminated (the caller's contract).
         let key = unsafe { str_arg(key, "key") }?;
+        // SAFETY: `out_locked` is NULL or writable (the caller's contract).
         let out = unsafe { Out::new(out_locked, "out_locked") }?;
         out.write(self::client(client)?.is_locked(key)?);
         Ok(())
@@ -633,6 +672,7 @@ pub unsafe extern "C" fn lock_is_locked(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lock_cancel_new(out_cancel: *mut lock_cancel_t) -> i32 {
     boundary(|| {
+        // SAFETY: `out_cancel` is NULL or writable (the caller's contract).
         let out = unsafe { Out::new(out_cancel, "out_cancel") }?;
         out.write(CANCELS.insert(CancelToken::new()));
         Ok(())
@@ -703,7 +743,9 @@ pub extern "C" fn lock_status_name(status: i32) -> *const c_char {
     status::status_name(status).as_ptr()
 }
 
-/// The library version (`"0.1.0"`), a static string.
+/// The library's version, `"MAJOR.MINOR.PATCH"` (a static string). Compare it with the
+/// `REDLEASE_VERSION_*` macros of the header you compiled with: the library must be at
+/// least as new, with the same SONAME (see the README's ABI policy).
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_version() -> *const c_char {
     const VERSION: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
@@ -713,4 +755,30 @@ pub extern "C" fn lock_version() -> *const c_char {
         Err(_) => c"unknown",
     };
     VERSION.as_ptr()
+}
+
+/// Sends the library's log records (renewal retries, lost locks nobody was told about,
+/// server warnings, ...) to `callback`: those at `min_level` or more severe
+/// (`LOCK_LOG_WARN` gives warnings and errors). A NULL `callback` turns logging off (the
+/// default; `min_level` is then ignored). Replaces any earlier callback; once this returns,
+/// the earlier callback is never called again and its `user_data` may be freed (the call
+/// waits for a callback in flight).
+///
+/// `callback` runs on whichever thread logs, renewal threads included: see `lock_log_cb`
+/// for what it may do. `user_data` is passed to it as is.
+///
+/// The library installs its own logger for the Rust `log` facade on the first call, for
+/// the life of the process. In a program that links redlease as a Rust crate and has
+/// installed another logger (env_logger, ...), the records go to that logger and this
+/// function fails with `LOCK_ERR_INTERNAL`; the C and Python libraries carry their own
+/// copy of the facade, so there it cannot happen.
+/// Errors: `LOCK_ERR_ARGUMENT` for a `min_level` out of 1..5 with a callback, or a call
+/// from inside the callback.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lock_set_log_callback(
+    min_level: i32,
+    callback: lock_log_cb,
+    user_data: *mut c_void,
+) -> i32 {
+    boundary(|| logging::set_callback(min_level, callback, user_data))
 }

@@ -11,7 +11,9 @@ pub const LOCK_OK: i32 = 0;
 /// Acquire: the wait ended while another owner held the lock.
 pub const LOCK_BUSY: i32 = 1;
 /// Release or extend: the key no longer holds this lock's token (the lease ended or another
-/// owner took it; or the call came from a forked child).
+/// owner took it), or the lock was already lost (a loss is final, even while the key still
+/// holds the token for a moment after its local deadline), or the call came from a forked
+/// child.
 pub const LOCK_NOT_HELD: i32 = 2;
 /// Acquire: a blocked wait was cancelled on purpose (`lock_cancel`, `lock_cancel_all`, or an
 /// interrupt callback that asked for it); never by a stray signal. Nothing is held.

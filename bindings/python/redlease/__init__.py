@@ -18,9 +18,15 @@ contend for the same locks with exactly the same semantics::
 
 Blocking calls release the GIL. Ctrl-C interrupts a blocked acquire on the main thread; a
 :class:`CancelToken` ends one from another thread, and :func:`cancel_all` ends them all
-(for shutting down). Nothing is held after an acquire that raised. The library is found
-through ``REDLEASE_LIB`` (a path), then the copy bundled in this package, then the
-repository's ``target/`` folders.
+(for shutting down). Nothing is held after an acquire that raised.
+
+The library's own warnings (renewal retries, lost locks, server warnings) go to the
+``redlease`` logger; :func:`set_log_level` chooses how much it sends (warnings and errors
+by default).
+
+The library is found through ``REDLEASE_LIB`` (a path), then the copy bundled in this
+package, then, for a package used from a source checkout, that repository's ``target/``
+folders (never the current directory's).
 """
 
 from ._async import AsyncLock
@@ -38,9 +44,10 @@ from ._errors import (
     RedleaseError,
     ReplicationError,
 )
+from ._logging import set_log_level
 from ._native import version
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Client",
@@ -61,4 +68,5 @@ __all__ = [
     "InternalError",
     "ReplicationError",
     "version",
+    "set_log_level",
 ]

@@ -37,7 +37,7 @@ log = logging.getLogger("redlease")
 LostHandler = Callable[["Lock", str], None]
 
 #: Reasons given to ``on_lost`` handlers and kept in :attr:`Lock.lost_reason`.
-LOST_REASONS = {1: "not_held", 2: "unreachable"}
+LOST_REASONS = {_native.LOCK_LOST_NOT_HELD: "not_held", _native.LOCK_LOST_UNREACHABLE: "unreachable"}
 
 # The bookkeeping of held locks. _LIVE maps each held C handle to its Lock (weakly: a Lock
 # dropped while held is collected, and released, at once), for the one lost-lock callback

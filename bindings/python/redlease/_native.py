@@ -23,16 +23,26 @@ from ._errors import LOCK_OK, error_for
 
 LIB_NAME = "libredlease.so"
 
+# The constants of include/redlease.h (tests/test_header.py checks them against it).
 lock_client_t = c_uint64
 lock_t = c_uint64
 lock_cancel_t = c_uint64
 LOCK_TOKEN_MAX = 128
 UINT64_MAX = 2**64 - 1
+LOCK_LOST_NOT_HELD = 1
+LOCK_LOST_UNREACHABLE = 2
+LOCK_LOG_ERROR = 1
+LOCK_LOG_WARN = 2
+LOCK_LOG_INFO = 3
+LOCK_LOG_DEBUG = 4
+LOCK_LOG_TRACE = 5
 
 # void (*lock_lost_cb)(lock_t lock, int32_t reason, void *user_data)
 LOST_CALLBACK = CFUNCTYPE(None, lock_t, c_int32, c_void_p)
 # int32_t (*lock_interrupt_cb)(void *user_data): nonzero cancels
 INTERRUPT_CALLBACK = CFUNCTYPE(c_int32, c_void_p)
+# void (*lock_log_cb)(int32_t level, const char *target, const char *message, void *user_data)
+LOG_CALLBACK = CFUNCTYPE(None, c_int32, c_char_p, c_char_p, c_void_p)
 
 
 class ClientOptions(Structure):
@@ -67,16 +77,18 @@ class AcquireOptions(Structure):
 
 
 def _candidates() -> List[Path]:
-    """Where the library may be: REDLEASE_LIB, the package, the repository's target/."""
-    found = []
+    """Where the library may be, in order: ``REDLEASE_LIB`` (a path; then nothing else), the
+    copy bundled in this package, and, for a package used from a source checkout (its
+    ``bindings/python/redlease``), that repository's ``target/release`` and ``target/debug``.
+    Never the current directory: what a program loads must not depend on where it runs."""
     env = os.environ.get("REDLEASE_LIB")
     if env:
         return [Path(env)]
     here = Path(__file__).resolve().parent
-    found.append(here / LIB_NAME)
-    for root in (here.parents[2], Path.cwd()):
-        target = Path(os.environ.get("CARGO_TARGET_DIR", root / "target"))
-        found += [target / "release" / LIB_NAME, target / "debug" / LIB_NAME]
+    found = [here / LIB_NAME]
+    root = here.parents[2] if len(here.parents) > 2 else None
+    if root is not None and (root / "Cargo.toml").is_file() and (root / "include" / "redlease.h").is_file():
+        found += [root / "target" / "release" / LIB_NAME, root / "target" / "debug" / LIB_NAME]
     return found
 
 
@@ -139,6 +151,7 @@ _declare("lock_cancel_reset", c_int32, [])
 _declare("lock_last_error", c_char_p, [])
 _declare("lock_status_name", c_char_p, [c_int32])
 _declare("lock_version", c_char_p, [])
+_declare("lock_set_log_callback", c_int32, [c_int32, LOG_CALLBACK, c_void_p])
 
 
 _Options = TypeVar("_Options", ClientOptions, AcquireOptions)

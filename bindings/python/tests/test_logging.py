@@ -1,0 +1,143 @@
+"""The library's log records reach ``logging.getLogger("redlease")`` with matching levels,
+from its renewal threads, and a broken handler or filter never hurts the library."""
+
+import logging
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import redlease
+from redlease import _logging
+
+
+def eventually(cond, limit=10.0):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+class Collect(logging.Handler):
+    """Keeps the records of the ``redlease`` logger, with the thread each came from."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.NOTSET)
+        self.records = []
+        self._mutex = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self._mutex:
+            self.records.append(record)
+
+    def matching(self, level: int, *words: str):
+        with self._mutex:
+            return [
+                r for r in self.records
+                if r.levelno == level and all(w in r.getMessage() for w in words)
+            ]
+
+
+@pytest.fixture
+def collect():
+    logger = logging.getLogger("redlease")
+    handler = Collect()
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+    redlease.set_log_level(logging.WARNING)
+
+
+def test_levels_map_to_python_levels():
+    assert _logging.PYTHON_LEVELS == {
+        _logging.LOCK_LOG_ERROR: logging.ERROR,
+        _logging.LOCK_LOG_WARN: logging.WARNING,
+        _logging.LOCK_LOG_INFO: logging.INFO,
+        _logging.LOCK_LOG_DEBUG: logging.DEBUG,
+        _logging.LOCK_LOG_TRACE: 5,
+    }
+    for py, c in [(1, 5), (5, 5), (10, 4), (15, 3), (20, 3), (30, 2), (40, 1), (50, 1)]:
+        assert _logging._c_level(py) == c, py
+    with pytest.raises(TypeError):
+        redlease.set_log_level("DEBUG")  # type: ignore[arg-type]
+
+
+def test_a_renewal_failure_reaches_the_redlease_logger_as_a_warning(server, collect):
+    """The server stops answering (SIGSTOP): each failed renewal is a WARNING record of the
+    ``redlease`` logger, logged from the lock's renewal thread."""
+    redlease.set_log_level(logging.WARNING)
+    client = redlease.Client(server.url, io_timeout=0.1, connect_timeout=0.2)
+    lk = client.acquire("log:paused", ttl=0.6, wait=0)
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        warned = eventually(lambda: collect.matching(logging.WARNING, "log:paused", "failed"))
+        lost = lk.lost.wait(10.0)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert warned, [r.getMessage() for r in collect.records]
+    assert lost
+    record = collect.matching(logging.WARNING, "log:paused", "failed")[0]
+    assert record.name == "redlease"
+    assert record.redlease_target.startswith("redlease::"), record.redlease_target
+    assert record.thread != threading.get_ident(), "logged on the renewal thread"
+    assert all(r.levelno >= logging.WARNING for r in collect.records), "below the level asked"
+    lk.release()
+    client.close()
+
+
+def test_info_records_arrive_when_asked_for(client, r, collect):
+    """A lost lock whose owner is told (Python always is) is an INFO record."""
+    redlease.set_log_level(logging.INFO)
+    lk = client.acquire("log:deleted", ttl=0.3, wait=0)
+    r.delete("log:deleted")
+    assert lk.lost.wait(5.0)
+    assert eventually(lambda: collect.matching(logging.INFO, "log:deleted", "lost")), [
+        (r.levelname, r.getMessage()) for r in collect.records
+    ]
+    assert lk.release() is False
+
+
+def test_set_log_level_none_stops_the_records(client, r, collect):
+    redlease.set_log_level(None)
+    lk = client.acquire("log:off", ttl=0.3, wait=0)
+    r.delete("log:off")
+    assert lk.lost.wait(5.0)
+    time.sleep(0.1)
+    assert not collect.records, [r.getMessage() for r in collect.records]
+    lk.release()
+
+
+def test_a_failing_filter_never_reaches_the_library(client, r, collect):
+    """The callback swallows whatever logging raises: the renewal thread carries on, and
+    the next record arrives."""
+    calls = []
+
+    def broken(record):
+        calls.append(record)
+        if len(calls) == 1:
+            raise RuntimeError("a broken filter")
+        return True
+
+    logger = logging.getLogger("redlease")
+    logger.addFilter(broken)
+    try:
+        redlease.set_log_level(logging.INFO)
+        first = client.acquire("log:broken-1", ttl=0.3, wait=0)
+        r.delete("log:broken-1")
+        assert first.lost.wait(5.0)
+        second = client.acquire("log:broken-2", ttl=0.3, wait=0)
+        r.delete("log:broken-2")
+        assert second.lost.wait(5.0)
+        assert eventually(lambda: collect.matching(logging.INFO, "log:broken-2", "lost"))
+    finally:
+        logger.removeFilter(broken)
+    assert len(calls) >= 2
+    first.release()
+    second.release()
