@@ -86,6 +86,8 @@ struct Gate {
 struct GateState {
     busy: bool,
     closed: bool,
+    /// A release waits to close the gate: nothing new may enter before it.
+    closing: bool,
     /// Threads waiting for the gate (a wake-up is a system call: made only for them).
     waiting: usize,
 }
@@ -106,12 +108,12 @@ impl Gate {
     /// closed.
     fn enter(&self) -> bool {
         let mut s = self.state();
-        while s.busy {
+        while s.busy && !s.closing {
             s.waiting += 1;
             s = self.freed.wait(s).unwrap_or_else(|p| p.into_inner());
             s.waiting -= 1;
         }
-        if s.closed {
+        if s.closed || s.closing {
             return false;
         }
         s.busy = true;
@@ -122,11 +124,11 @@ impl Gate {
     /// closed.
     fn try_enter(&self) -> Option<bool> {
         let mut s = self.state();
+        if s.closed || s.closing {
+            return Some(false);
+        }
         if s.busy {
             return None;
-        }
-        if s.closed {
-            return Some(false);
         }
         s.busy = true;
         Some(true)
@@ -145,6 +147,8 @@ impl Gate {
     /// Waits while an extend or renewal is in flight, then closes the gate for good.
     fn close(&self) {
         let mut s = self.state();
+        // From now on nothing enters: the release waits for the one in flight only.
+        s.closing = true;
         while s.busy {
             s.waiting += 1;
             s = self.freed.wait(s).unwrap_or_else(|p| p.into_inner());
