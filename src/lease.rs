@@ -333,6 +333,17 @@ impl Lease {
             && self.process == process::generation()
     }
 
+    /// Why the lock may have been unprotected for a while before now: it was lost, or its
+    /// local deadline passed. `None` while it has been held without a break.
+    pub fn broken(&self) -> Option<String> {
+        let s = self.state();
+        match s.lost {
+            Some(reason) => Some(format!("was lost ({reason})")),
+            None if Instant::now() >= s.deadline => Some("outlived its lease".to_owned()),
+            None => None,
+        }
+    }
+
     pub fn remaining(&self) -> Duration {
         let s = self.state();
         if s.released || s.lost.is_some() {

@@ -326,9 +326,15 @@ impl LockGuard {
     /// Stops renewal, then releases the lock if the key still holds this lock's token.
     /// Blocking: one round trip, bounded by the I/O timeout.
     ///
-    /// Errors: [`ErrorKind::NotHeld`] when the key no longer held the token (the lease had
-    /// ended: part of the critical section ran unprotected); connection and timeout errors
-    /// when Redis could not be told (the lock then expires after its ttl).
+    /// `Ok` only when the lock was held without a break up to the release: the key still
+    /// held the token, the lock was not lost, and its local deadline had not passed.
+    ///
+    /// Errors: [`ErrorKind::NotHeld`] when part of the critical section may have run
+    /// unprotected: the key no longer held the token, or the lock had been lost or its
+    /// lease had run out before the release (the key is deleted all the same if it still
+    /// holds the token, so that the next owner need not wait for it to expire); connection
+    /// and timeout errors when Redis could not be told (the lock then expires after its
+    /// ttl).
     pub fn release(self) -> Result<()> {
         self.release_shared()
     }
@@ -347,21 +353,26 @@ impl LockGuard {
         }
         // Closed even without renewal: no extend may run after the release either.
         self.lease.close_gate();
+        // Decided before the release is sent: a lease that ends while it is in flight was
+        // still held when Redis ran it (or the key no longer holds the token).
+        let broken = self.lease.broken();
         self.lease.mark_released();
-        if self.lease.release_on_server()? {
-            Ok(())
-        } else {
-            Err(self.not_held())
+        let released = self.lease.release_on_server()?;
+        match broken {
+            _ if !released => Err(self.not_held(
+                "no longer held this token (the lease had ended or another owner took it)",
+            )),
+            Some(why) => {
+                Err(self.not_held(&format!("{why} before the release (its key was deleted)")))
+            }
+            None => Ok(()),
         }
     }
 
-    fn not_held(&self) -> Error {
+    fn not_held(&self, what: &str) -> Error {
         Error::new(
             ErrorKind::NotHeld,
-            format!(
-                "lock {:?} no longer held this token (the lease had ended or another owner took it)",
-                self.lease.keys.lock
-            ),
+            format!("lock {:?} {what}", self.lease.keys.lock),
         )
     }
 }

@@ -462,3 +462,37 @@ fn short_ttls_zero_pool_wait_and_extend_after_a_loss() {
         assert!(!renewed.is_held());
     }
 }
+
+/// A release reports `Ok` only for a lock held without a break. Renewals that ran on the
+/// server but whose replies were lost leave the key alive past the local deadline: the lock
+/// is lost (the holder was told), so a release then deletes the key but reports `NotHeld`.
+#[test]
+fn a_release_after_a_loss_reports_not_held_and_still_frees_the_key() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = Client::with_options(&proxy.url(), options_ms(300, 300)).unwrap();
+    let name = "lost-then-released";
+    // The ttl in milliseconds marks the renewals (EXTEND name token 1733).
+    let guard = client
+        .lock(name)
+        .ttl(Duration::from_millis(1733))
+        .acquire()
+        .unwrap();
+    let lost = guard.lost();
+    let rule = proxy.on_request(b"1733", 1000, Action::DropReply);
+    lost.recv_timeout(Duration::from_secs(5))
+        .expect("the lock is lost when no renewal reply arrives");
+    assert!(proxy.matched(rule) >= 1, "renewals ran");
+    proxy.clear_rules();
+    assert!(
+        server.cmd::<i64>(&["PTTL", name]) > 0,
+        "the renewals ran on the server: the key outlives the local deadline"
+    );
+    let err = guard.release().unwrap_err();
+    assert!(err.is_not_held(), "{err}");
+    assert!(err.to_string().contains("was lost"), "{err}");
+    assert!(!server.cmd::<bool>(&["EXISTS", name]), "the key was deleted");
+    // A lock held without a break is released with Ok.
+    let guard = client.lock(name).try_acquire().unwrap();
+    guard.release().unwrap();
+}

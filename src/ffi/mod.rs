@@ -563,8 +563,10 @@ impl UserData {
 /// Stops renewal, then releases the lock if the key still holds its token. Blocking (one
 /// round trip). The handle is spent whatever the result.
 ///
-/// Results: `LOCK_OK`; `LOCK_NOT_HELD` when the lease had already ended (part of the
-/// critical section ran unprotected); `LOCK_ERR_CONNECTION` / `LOCK_ERR_REDIS` when Redis
+/// Results: `LOCK_OK` when the lock was held without a break up to the release;
+/// `LOCK_NOT_HELD` when the lease had already ended or the lock had been lost (part of the
+/// critical section may have run unprotected; the key is deleted all the same if it still
+/// holds the token); `LOCK_ERR_CONNECTION` / `LOCK_ERR_REDIS` when Redis
 /// could not be told (the lock then expires after its ttl); `LOCK_ERR_HANDLE`.
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_release(lock: lock_t) -> i32 {

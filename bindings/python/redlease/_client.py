@@ -598,8 +598,9 @@ class Lock:
 
     def release(self) -> bool:
         """Stops renewal and releases the current holding. Blocks for one round trip.
-        Returns True when released, False when it had already been lost (expired or taken:
-        part of the work ran unprotected). The holding is over either way: another thread
+        Returns True when the lock was held without a break up to the release, False when
+        it had already been lost or had run out of lease (part of the work may have run
+        unprotected; the key is deleted all the same if it still holds the token). The holding is over either way: another thread
         waiting for this object goes ahead.
 
         Raises :class:`InvalidHandleError` when the object is not held (never acquired,
