@@ -536,11 +536,17 @@ impl Connection {
         Ok(value)
     }
 
-    /// Whether the connection can carry another request: not broken, in the process that
-    /// opened it, and (checked without blocking) not closed by the server and holding no
-    /// unread data.
+    /// Whether the connection is in step with its replies (not broken, none pending) and in
+    /// the process that opened it. Looks at the socket not at all: see
+    /// [`is_usable`](Self::is_usable).
+    pub fn is_in_step(&self) -> bool {
+        !self.broken && self.pending == 0 && self.process == process::generation()
+    }
+
+    /// Whether the connection can carry another request: [in step](Self::is_in_step), and
+    /// (checked without blocking) not closed by the server and holding no unread data.
     pub fn is_usable(&mut self) -> bool {
-        if self.broken || self.pending != 0 || self.process != process::generation() {
+        if !self.is_in_step() {
             return false;
         }
         let mut byte = [0u8; 1];

@@ -25,6 +25,7 @@ use crate::kinds::Kind;
 use crate::process;
 use crate::redlock;
 use crate::scripts;
+use crate::stats;
 use crate::waiting;
 
 /// Why a held lock was lost.
@@ -514,23 +515,28 @@ impl Lease {
                     Ok((extended, replies.sent_at))
                 })
         };
-        self.apply_extend(ttl, attempt_at, result)
+        self.apply_extend(ttl, attempt_at, result, lane == Lane::Renewal)
     }
 
     /// Records what an extend of `ttl`, sent at `attempt_at` or later, found: `Ok((1,
     /// sent_at))` extended by a request written at `sent_at`; `Ok((0, _))` the key no
     /// longer held the token (the loss is declared; the caller holds the gate); an error
     /// (when its outcome is unknown, the deadline and cap are lowered to what it may have
-    /// set).
+    /// set). A `renewal`'s timing and failures go into [`crate::stats`].
     fn apply_extend(
         &self,
         ttl: Duration,
         attempt_at: Instant,
         result: Result<(i64, Instant)>,
+        renewal: bool,
     ) -> Result<Extended> {
         let mut s = self.state();
         match result {
             Ok((1, sent_at)) => {
+                if renewal {
+                    let due = s.start + s.effective_lease() / 3;
+                    stats::renewed(sent_at.saturating_duration_since(due));
+                }
                 s.ttl = ttl;
                 s.leased = ttl;
                 s.start = sent_at;
@@ -543,6 +549,9 @@ impl Lease {
                 Ok(Extended::Lost(LostReason::NotHeld))
             }
             Err(e) => {
+                if renewal {
+                    stats::renewal_failed();
+                }
                 if e.outcome_unknown() {
                     s.cap = Some(s.cap.map_or(ttl, |cap| cap.min(ttl)));
                     s.deadline = s.deadline.min(local_deadline(attempt_at, ttl));
@@ -588,7 +597,7 @@ impl Lease {
         let attempt_at = Instant::now();
         let done: crate::backend::batch::Done = Box::new(move |reply, sent_at| {
             let result = reply.and_then(|value| Ok((backend::reply::<i64>(value)?, sent_at)));
-            let outcome = lease.apply_extend(ttl, attempt_at, result);
+            let outcome = lease.apply_extend(ttl, attempt_at, result, true);
             drop(ticket);
             match outcome {
                 Ok(Extended::Yes) => {}

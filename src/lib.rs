@@ -56,6 +56,7 @@ mod process;
 mod redlock;
 mod renewal;
 mod scripts;
+mod stats;
 mod tls;
 mod token;
 mod url;
@@ -68,6 +69,7 @@ pub use inspect::{LockInfo, ServerCheck};
 pub use keys::{MAX_KEY_LEN, RESERVED_PREFIX, key_slot};
 pub use lease::{LostCallback, LostReason, MAX_TTL, MIN_TTL};
 pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard};
+pub use stats::{RenewalStats, renewal_stats};
 
 #[cfg(test)]
 mod tests {

@@ -174,7 +174,9 @@ impl Pool {
 
     fn give_back(&self, conn: Option<Connection>, lane: Lane, process: u64) {
         let conn = conn.filter(|_| process == process::generation());
-        let conn = conn.and_then(|mut c| c.is_usable().then_some(c));
+        // In step with its replies; whether the server closed it is looked at when it is
+        // next taken (a system call saved per request).
+        let conn = conn.filter(Connection::is_in_step);
         let mut state = self.state();
         if state.process != process {
             return;

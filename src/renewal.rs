@@ -355,8 +355,8 @@ fn work(me: &Arc<Worker>) {
 /// the batch's write happens a little after the hand-over.
 const BATCH_SLACK: Duration = Duration::from_millis(2);
 
-/// How much a renewal may be late so that wake-ups coalesce: a fiftieth of the ttl, from
-/// 50 µs to 5 ms. With a thread per lock, waking is most of renewal's cost (measured: about
+/// How much a renewal may be late so that wake-ups coalesce: a thirtieth of the ttl, from
+/// 50 µs to 15 ms. With a thread per lock, waking is most of renewal's cost (measured: about
 /// 19 µs of CPU per wake-up on the VM this was developed on); wake-ups that fall on the
 /// same instants, and timers the kernel may merge, cost much less.
 fn coalescing(ttl: Duration) -> Duration {

@@ -175,41 +175,38 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
         "{NOW_MS}{}",
         r"
 local held = redis.call('GET', KEYS[1]) == ARGV[1]
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  if not held then
-    return 0
-  end
-else
-  if ARGV[5] == '1' then
-    redis.call('ZREM', KEYS[3], ARGV[1])
-  end
-  if not held then
-    return 0
-  end
-  local now = now_ms()
+if ARGV[5] == '1' then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
+if not held then
+  return 0
+end
+-- The registration that lapses last: if it has lapsed, so have all the others.
+local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+local now = last[2] and now_ms()
+if last[2] and tonumber(last[2]) <= now then
+  redis.call('DEL', KEYS[3])
+elseif last[2] then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-  if last[2] then
-    local claim = math.min(math.max(tonumber(last[2]) - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
-    local set = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', claim)
-    local pushed = type(set) ~= 'table' or not set.err
-    if pushed then
-      redis.call('DEL', KEYS[2])
-      for _, r in ipairs({
-        redis.pcall('SET', KEYS[4], ARGV[2], 'PX', claim),
-        redis.pcall('RPUSH', KEYS[2], ARGV[2]),
-      }) do
-        if type(r) == 'table' and r.err then
-          pushed = false
-        end
+  local claim = math.min(math.max(tonumber(last[2]) - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
+  local set = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', claim)
+  local pushed = type(set) ~= 'table' or not set.err
+  if pushed then
+    redis.call('DEL', KEYS[2])
+    for _, r in ipairs({
+      redis.pcall('SET', KEYS[4], ARGV[2], 'PX', claim),
+      redis.pcall('RPUSH', KEYS[2], ARGV[2]),
+    }) do
+      if type(r) == 'table' and r.err then
+        pushed = false
       end
     end
-    if pushed then
-      redis.call('PEXPIRE', KEYS[2], claim)
-      return 2
-    end
-    redis.call('DEL', KEYS[2], KEYS[4])
   end
+  if pushed then
+    redis.call('PEXPIRE', KEYS[2], claim)
+    return 2
+  end
+  redis.call('DEL', KEYS[2], KEYS[4])
 end
 redis.call('DEL', KEYS[1])
 return 1

@@ -491,7 +491,10 @@ fn a_release_after_a_loss_reports_not_held_and_still_frees_the_key() {
     let err = guard.release().unwrap_err();
     assert!(err.is_not_held(), "{err}");
     assert!(err.to_string().contains("was lost"), "{err}");
-    assert!(!server.cmd::<bool>(&["EXISTS", name]), "the key was deleted");
+    assert!(
+        !server.cmd::<bool>(&["EXISTS", name]),
+        "the key was deleted"
+    );
     // A lock held without a break is released with Ok.
     let guard = client.lock(name).try_acquire().unwrap();
     guard.release().unwrap();

@@ -233,3 +233,157 @@ fn a_blocking_lost_callback_does_not_hold_up_renewal_of_later_locks() {
     let stored: Option<String> = server.cmd(&["GET", "after-slow"]);
     assert_eq!(stored.as_deref(), Some(next.token()));
 }
+
+/// `renewal_stats()` counts the renewals that ran and the attempts that failed, and gives
+/// their lateness. (Other tests of this binary renew at the same time: counts only grow.)
+#[test]
+fn renewal_stats_count_renewals_and_failures() {
+    let server = RedisServer::start();
+    let proxy = support::proxy::Proxy::start(server.port);
+    let options = redlease::ClientOptions::default()
+        .io_timeout(Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(100));
+    let client = Client::with_options(&proxy.url(), options).unwrap();
+    let before = redlease::renewal_stats();
+    let guard = client.lock("counted").ttl(TTL).try_acquire().unwrap();
+    let lost = guard.lost();
+    std::thread::sleep(TTL * 3);
+    let held = redlease::renewal_stats().since(&before);
+    assert!(held.renewals >= 5, "{held:?}");
+    assert!(held.lateness_quantile(0.5) <= held.lateness_quantile(0.99));
+    assert!(held.lateness_quantile(1.0) <= held.max_lateness + held.max_lateness / 4);
+    proxy.blackhole(true);
+    lost.recv_timeout(Duration::from_secs(2))
+        .expect("lost once Redis stops answering");
+    let failed = redlease::renewal_stats().since(&before);
+    assert!(failed.failures >= 1, "{failed:?}");
+    proxy.blackhole(false);
+    drop(guard);
+}
+
+const THREAD_LIMIT_CHILD: &str = "REDLEASE_TEST_THREAD_LIMIT_URL";
+
+/// Tasks (threads) whose real user is `uid`: what `RLIMIT_NPROC` counts.
+fn tasks_of(uid: u32) -> u64 {
+    let mut n = 0;
+    for proc_dir in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let tasks = std::fs::read_dir(proc_dir.path().join("task"));
+        for task in tasks.into_iter().flatten().flatten() {
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            let real = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u32>().ok());
+            n += u64::from(real == Some(uid));
+        }
+    }
+    n
+}
+
+/// Issue 13, item 2: where a thread per lock cannot fit (here a child process with a small
+/// `RLIMIT_NPROC`), the acquire fails with an error naming the limit and holds nothing;
+/// nothing crashes, the locks already held keep renewing, and a released lock's parked
+/// thread serves the next acquire.
+#[test]
+fn the_thread_limit_fails_an_acquire_clearly_and_crashes_nothing() {
+    if let Ok(url) = std::env::var(THREAD_LIMIT_CHILD) {
+        return thread_limit_child(&url);
+    }
+    use std::os::unix::process::CommandExt;
+    let server = RedisServer::start();
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    let root = me == 0;
+    // Root is exempt from RLIMIT_NPROC: the child runs as nobody.
+    let uid: u32 = if root { 65534 } else { me };
+    let limit = tasks_of(uid) + 40;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child
+        .args([
+            "--exact",
+            "the_thread_limit_fails_an_acquire_clearly_and_crashes_nothing",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(THREAD_LIMIT_CHILD, server.url());
+    // SAFETY: between fork and exec the closure calls only async-signal-safe functions
+    // (setgid, setuid, setrlimit) on values computed before the fork.
+    unsafe {
+        child.pre_exec(move || {
+            if root && (libc::setgid(65534) != 0 || libc::setuid(65534) != 0) {
+                return Err(std::io::Error::last_os_error());
+            }
+            let rlimit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_NPROC, &rlimit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    let out = child.output().expect("run the child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("thread limit child: ok"),
+        "the child failed ({:?}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    eprintln!(
+        "{}",
+        stdout
+            .lines()
+            .find(|l| l.contains("child: ok"))
+            .unwrap_or("")
+    );
+}
+
+fn thread_limit_child(url: &str) {
+    let client = Client::open(url).unwrap();
+    let ttl = Duration::from_secs(1);
+    let mut held = Vec::new();
+    let err = loop {
+        match client
+            .lock(&format!("limited:{}", held.len()))
+            .ttl(ttl)
+            .try_acquire()
+        {
+            Ok(guard) => held.push(guard),
+            Err(e) => break e,
+        }
+        assert!(held.len() < 1000, "the thread limit was never reached");
+    };
+    assert!(!held.is_empty(), "no lock at all: {err}");
+    assert_eq!(err.kind(), ErrorKind::Internal, "{err}");
+    assert!(
+        err.to_string().contains("renewal thread") && err.to_string().contains("ulimit -u"),
+        "{err}"
+    );
+    let refused = format!("limited:{}", held.len());
+    assert!(
+        !client.is_locked(&refused).unwrap(),
+        "the refused acquire gave its lock back"
+    );
+    std::thread::sleep(ttl * 3 / 2);
+    let dropped: Vec<_> = held
+        .iter()
+        .filter(|g| !g.is_held())
+        .map(|g| (g.key().to_owned(), g.lost_reason()))
+        .collect();
+    assert!(
+        dropped.is_empty(),
+        "the held locks kept renewing; of {}, lost: {dropped:?}",
+        held.len()
+    );
+    held.pop().unwrap().release().unwrap();
+    let again = client.lock(&refused).ttl(ttl).try_acquire().unwrap();
+    std::thread::sleep(ttl * 3 / 2);
+    assert!(again.is_held(), "a parked thread renews the next lock");
+    println!(
+        "thread limit child: ok, {} locks held, then: {err}",
+        held.len() + 1
+    );
+}

@@ -61,36 +61,45 @@ impl Batcher {
     }
 
     /// Hands `item` to `node`'s batching thread (starting it if needed). Never blocks for
-    /// I/O. Errors only when the OS refuses a thread (the item's completion is then not
-    /// run; the caller handles the error).
+    /// I/O. Errors only when the OS refuses a thread: the item's completion is then not
+    /// run (the caller handles the error), and the items others queued meanwhile are
+    /// completed with that error.
     pub fn submit(node: &Arc<Node>, item: Item, io: Duration) -> Result<()> {
         let batcher = node.batcher.clone();
         let mut queue = batcher.queue();
-        queue.items.push(item);
-        if queue.running {
-            let wake = queue.sleeping;
+        if !queue.running {
+            // Started before the item is queued: if no thread can be had, nothing of
+            // ours is left in a queue that nobody serves.
+            queue.running = true;
             drop(queue);
-            if wake {
-                batcher.work.notify_one();
+            let weak = Arc::downgrade(node);
+            let thread_batcher = batcher.clone();
+            let started = std::thread::Builder::new()
+                .name("redlease-batch".into())
+                .stack_size(128 * 1024)
+                .spawn(move || serve(&thread_batcher, weak, io));
+            if let Err(e) = started {
+                let failed = Error::new(
+                    ErrorKind::Internal,
+                    format!("cannot start a renewal batching thread: {e}"),
+                );
+                let stranded = {
+                    let mut queue = batcher.queue();
+                    queue.running = false;
+                    std::mem::take(&mut queue.items)
+                };
+                for other in stranded {
+                    (other.done)(Err(failed.clone()), Instant::now());
+                }
+                return Err(failed);
             }
-            return Ok(());
+            queue = batcher.queue();
         }
-        queue.running = true;
+        queue.items.push(item);
+        let wake = queue.sleeping;
         drop(queue);
-        let weak = Arc::downgrade(node);
-        let thread_batcher = batcher.clone();
-        let started = std::thread::Builder::new()
-            .name("redlease-batch".into())
-            .stack_size(128 * 1024)
-            .spawn(move || serve(&thread_batcher, weak, io));
-        if let Err(e) = started {
-            let mut queue = batcher.queue();
-            queue.running = false;
-            queue.items.pop();
-            return Err(Error::new(
-                ErrorKind::Internal,
-                format!("cannot start a renewal batching thread: {e}"),
-            ));
+        if wake {
+            batcher.work.notify_one();
         }
         Ok(())
     }

@@ -121,10 +121,16 @@ fn checkout_all<'a>(nodes: &'a [Result<Arc<Node>>], how: &Exec<'_>) -> Vec<Resul
             .iter()
             .map(|node| {
                 let connects = node.as_ref().is_ok_and(|n| !n.has_idle(how.lane));
-                if connects {
-                    Err(scope.spawn(move || take(node)))
-                } else {
-                    Ok(take(node))
+                let thread = connects.then(|| {
+                    std::thread::Builder::new()
+                        .name("redlease-connect".into())
+                        .stack_size(128 * 1024)
+                        .spawn_scoped(scope, move || take(node))
+                });
+                match thread {
+                    Some(Ok(thread)) => Err(thread),
+                    // No thread to spare (the process's limit): connect here, in turn.
+                    Some(Err(_)) | None => Ok(take(node)),
                 }
             })
             .collect();

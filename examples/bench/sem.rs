@@ -1,0 +1,110 @@
+//! The semaphore workload: `--sem-threads` threads (16) share `--sem-permits` permits (4),
+//! blocking acquire, critical sections as W2's. The floor: threads polling a minimal
+//! semaphore script (expired holders dropped, a permit taken if fewer than N are held,
+//! timed by the server's clock) every 1 ms, releasing with `ZREM`.
+
+use std::time::Duration;
+
+use redlease::Client;
+
+use crate::report::{Json, Spread};
+use crate::w2::{Reps, contend};
+use crate::{Bench, TAG};
+
+const ACQUIRE_LUA: &str = "local t = redis.call('TIME') \
+    local now = t[1] * 1000 + math.floor(t[2] / 1000) \
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+    if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then \
+      redis.call('ZADD', KEYS[1], now + 30000, ARGV[1]) return 1 end return 0";
+
+fn floor(bench: &Bench, cs: Duration) -> crate::w2::Contended {
+    let script = redis::Script::new(ACQUIRE_LUA);
+    let sha = script.get_hash().to_owned();
+    let _: String = script
+        .prepare_invoke()
+        .load(&mut bench.conn())
+        .expect("load");
+    let key = format!("{TAG}:semfloor");
+    let permits = bench.cfg.sem_permits;
+    contend(
+        bench,
+        bench.cfg.sem_threads,
+        cs,
+        &["evalsha", "zrem"],
+        |i| {
+            let mut conn = bench.conn();
+            let token = format!("tok-{i}");
+            let (sha, key) = (sha.clone(), key.clone());
+            move |acquired: &mut dyn FnMut()| loop {
+                let ok: i64 = redis::cmd("EVALSHA")
+                    .arg(&sha)
+                    .arg(1)
+                    .arg(&key)
+                    .arg(&token)
+                    .arg(permits)
+                    .query(&mut conn)
+                    .expect("EVALSHA");
+                if ok == 1 {
+                    acquired();
+                    let _: i64 = redis::cmd("ZREM")
+                        .arg(&key)
+                        .arg(&token)
+                        .query(&mut conn)
+                        .expect("ZREM");
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        },
+    )
+}
+
+fn ours(bench: &Bench, client: &Client, cs: Duration) -> crate::w2::Contended {
+    let name = format!("{TAG}:sem");
+    let permits = bench.cfg.sem_permits;
+    contend(
+        bench,
+        bench.cfg.sem_threads,
+        cs,
+        &["evalsha", "eval", "blpop"],
+        |_| {
+            let client = client.clone();
+            let name = name.clone();
+            move |acquired: &mut dyn FnMut()| {
+                let permit = client.semaphore(&name, permits).acquire().expect("acquire");
+                acquired();
+                permit.release().expect("release");
+            }
+        },
+    )
+}
+
+pub(crate) fn run(bench: &Bench) {
+    let client = Client::open(&bench.url).expect("client");
+    for &cs_ms in &bench.cfg.cs_ms {
+        let cs = Duration::from_millis(cs_ms);
+        let (mut floors, mut mine, mut ratios) = (Reps::default(), Reps::default(), Vec::new());
+        for _ in 0..bench.cfg.reps {
+            let f = floor(bench, cs);
+            let o = ours(bench, &client, cs);
+            ratios.push(o.per_sec / f.per_sec);
+            floors.push(f);
+            mine.push(o);
+        }
+        println!(
+            "{}",
+            Json::default()
+                .str(
+                    "workload",
+                    &format!(
+                        "semaphore, {} permits, {} threads, {cs_ms} ms critical section",
+                        bench.cfg.sem_permits, bench.cfg.sem_threads
+                    )
+                )
+                .obj("floor_polling_1ms", floors.json())
+                .obj("redlease", mine.json())
+                .spread("acquisitions_ratio_to_floor", Spread::of(&ratios))
+                .render()
+        );
+    }
+}

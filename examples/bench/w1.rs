@@ -1,0 +1,202 @@
+//! W1, uncontended: one thread, sequential acquire + release on one key. The floor, the
+//! Rust API, the C ABI and Redlock over 3 and 5 independent primaries are measured in
+//! alternating slices of 200 ms, so that the machine's drift hits them alike; Python runs
+//! in a process of its own, with the floor measured right before and after it.
+
+use std::ffi::CString;
+use std::time::Duration;
+
+use redlease::{Client, ClientOptions};
+
+use crate::report::{Json, Spread, median};
+use crate::{Bench, TAG, python, support, timed_loop};
+
+pub(crate) const RELEASE_LUA: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+const SLICE: Duration = Duration::from_millis(200);
+
+/// The W1 floor: `SET NX PX` then `EVALSHA` of the release script, one connection.
+pub(crate) fn floor_cycle(bench: &Bench) -> impl FnMut() + use<> {
+    let mut conn = bench.conn();
+    let script = redis::Script::new(RELEASE_LUA);
+    let sha = script.get_hash().to_owned();
+    let _: String = script.prepare_invoke().load(&mut conn).expect("load");
+    let key = format!("{TAG}:floor");
+    move || {
+        let ok: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg("tok")
+            .arg("NX")
+            .arg("PX")
+            .arg(30000)
+            .query(&mut conn)
+            .expect("SET");
+        assert!(ok.is_some());
+        let _: i64 = redis::cmd("EVALSHA")
+            .arg(&sha)
+            .arg(1)
+            .arg(&key)
+            .arg("tok")
+            .query(&mut conn)
+            .expect("EVALSHA");
+    }
+}
+
+/// The floor's mean cycle time (µs) over the configured duration.
+pub(crate) fn floor_us(bench: &Bench) -> f64 {
+    timed_loop(bench.cfg.duration, &mut floor_cycle(bench))
+}
+
+/// A cycle of the Rust API on `client`.
+fn rust_cycle(client: Client, name: String) -> impl FnMut() {
+    move || {
+        let guard = client.lock(&name).try_acquire().expect("acquire");
+        guard.release().expect("release");
+    }
+}
+
+/// A cycle through the C ABI, as a C program would call it.
+fn ffi_cycle(bench: &Bench) -> impl FnMut() + use<> {
+    use redlease::ffi::*;
+    let url = CString::new(bench.url.clone()).unwrap_or_default();
+    let name = CString::new(format!("{TAG}:ffi")).unwrap_or_default();
+    let mut client: lock_client_t = 0;
+    assert_eq!(
+        // SAFETY: valid NUL-terminated strings and out-pointers.
+        unsafe { lock_client_open(url.as_ptr(), &mut client) },
+        LOCK_OK
+    );
+    move || {
+        let mut lock: lock_t = 0;
+        // SAFETY: as above.
+        let rc = unsafe { lock_acquire(client, name.as_ptr(), 30_000, 0, &mut lock) };
+        assert_eq!(rc, LOCK_OK);
+        assert_eq!(lock_release(lock), LOCK_OK);
+    }
+}
+
+struct Variant {
+    name: String,
+    cycle: Box<dyn FnMut()>,
+    /// Per rep: the median cycle time (µs) of its slices.
+    reps: Vec<f64>,
+    /// Per rep: the median ratio of its slices to the floor's slices of the same round.
+    ratios: Vec<f64>,
+    /// As `ratios`, to the Rust API on one server (for Redlock).
+    to_single: Vec<f64>,
+}
+
+pub(crate) fn run(bench: &Bench) {
+    let client = Client::open(&bench.url).expect("client");
+    let local = bench.cfg.url.is_none() && !bench.cfg.cluster;
+    // Independent primaries for Redlock, started here (only against local servers).
+    let primaries: Vec<support::RedisServer> = if local {
+        (0..bench.cfg.redlock.iter().copied().max().unwrap_or(0))
+            .map(|_| support::RedisServer::start())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut variants = vec![
+        Variant::new("floor", Box::new(floor_cycle(bench))),
+        Variant::new(
+            "rust",
+            Box::new(rust_cycle(client.clone(), format!("{TAG}:w1"))),
+        ),
+        Variant::new("c_abi", Box::new(ffi_cycle(bench))),
+    ];
+    for &n in bench.cfg.redlock.iter().filter(|_| local) {
+        let urls: Vec<String> = primaries[..n].iter().map(|s| s.url()).collect();
+        let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let redlock = Client::redlock(&urls, ClientOptions::default()).expect("redlock client");
+        variants.push(Variant::new(
+            &format!("redlock_{n}"),
+            Box::new(rust_cycle(redlock, format!("{TAG}:w1redlock"))),
+        ));
+    }
+    let slices = (bench.cfg.duration.as_millis() / SLICE.as_millis()).max(1) as usize;
+    bench.reset_stats();
+    for _ in 0..bench.cfg.reps {
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+        for _ in 0..slices {
+            for (i, v) in variants.iter_mut().enumerate() {
+                times[i].push(timed_loop(SLICE, &mut v.cycle));
+            }
+        }
+        for (i, v) in variants.iter_mut().enumerate() {
+            // Ratios slice by slice: to the floor (variant 0) and, for Redlock, to the
+            // Rust API on one server (variant 1).
+            let ratio = |base: usize| -> f64 {
+                let r: Vec<f64> = times[i]
+                    .iter()
+                    .zip(&times[base])
+                    .map(|(t, b)| t / b)
+                    .collect();
+                median(&r)
+            };
+            v.reps.push(median(&times[i]));
+            v.ratios.push(ratio(0));
+            v.to_single.push(ratio(1));
+        }
+    }
+    let script_loads = bench.calls(&["script|load"]);
+    let evals = bench.calls(&["eval"]);
+    let mut json = Json::default()
+        .str("workload", "W1 uncontended acquire+release")
+        .int("slices_of_200ms_per_rep", slices as u64);
+    for v in &variants {
+        json = json.spread(&format!("{}_cycle_us", v.name), Spread::of(&v.reps));
+        if v.name != "floor" {
+            json = json.spread(&format!("{}_ratio_to_floor", v.name), Spread::of(&v.ratios));
+        }
+        if v.name.starts_with("redlock") {
+            json = json.spread(
+                &format!("{}_ratio_to_single_server", v.name),
+                Spread::of(&v.to_single),
+            );
+        }
+    }
+    json = json
+        .int("script_loads", script_loads)
+        .int("eval_with_script_text", evals);
+    println!("{}", json.render());
+    if let Some(py) = &bench.cfg.python {
+        python_w1(bench, py);
+    }
+}
+
+impl Variant {
+    fn new(name: &str, cycle: Box<dyn FnMut()>) -> Variant {
+        Variant {
+            name: name.into(),
+            cycle,
+            reps: Vec::new(),
+            ratios: Vec::new(),
+            to_single: Vec::new(),
+        }
+    }
+}
+
+/// W1 from Python threads, bracketed by floor measurements, once per rep.
+fn python_w1(bench: &Bench, py: &str) {
+    let (mut cycles, mut ratios) = (Vec::new(), Vec::new());
+    for _ in 0..bench.cfg.reps {
+        let before = floor_us(bench);
+        let Some(fields) = python::run(bench, py, "w1", 1) else {
+            return;
+        };
+        let floor = (before + floor_us(bench)) / 2.0;
+        let cycle = fields.get("cycle_us").copied().unwrap_or(f64::NAN);
+        cycles.push(cycle);
+        ratios.push(cycle / floor);
+    }
+    println!(
+        "{}",
+        Json::default()
+            .str("workload", "W1 from Python")
+            .spread("python_cycle_us", Spread::of(&cycles))
+            .spread("python_ratio_to_floor", Spread::of(&ratios))
+            .render()
+    );
+}

@@ -1,0 +1,291 @@
+//! W2, contended: threads, one key, blocking acquire, a critical section of a few ms.
+//! Acquisitions/s, fairness (min/max acquisitions per thread), handoff latency, requests
+//! per acquisition (top-level commands, from INFO commandstats), and CPU per acquisition
+//! of this process and of the server. The floor (threads polling `SET NX PX` every 1 ms)
+//! and the library alternate rep by rep. [`contend`] also runs the semaphore workload.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use redlease::Client;
+
+use crate::report::{Json, Spread, percentile};
+use crate::w1::{RELEASE_LUA, floor_us};
+use crate::{Bench, TAG, cpu_seconds, python};
+
+/// The figures of one contended run.
+#[derive(Clone, Copy)]
+pub(crate) struct Contended {
+    pub(crate) per_sec: f64,
+    pub(crate) fairness: f64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) requests_per_acquisition: f64,
+    pub(crate) client_cpu_us: f64,
+    pub(crate) server_cpu_us: f64,
+    /// The most holders seen in the critical section at once.
+    pub(crate) max_holders: usize,
+}
+
+/// Per-rep figures of one contender (the floor or the library).
+#[derive(Default)]
+pub(crate) struct Reps(Vec<Contended>);
+
+impl Reps {
+    pub(crate) fn push(&mut self, c: Contended) {
+        self.0.push(c);
+    }
+
+    pub(crate) fn spread(&self, f: fn(&Contended) -> f64) -> Spread {
+        Spread::of(&self.0.iter().map(f).collect::<Vec<_>>())
+    }
+
+    pub(crate) fn json(&self) -> Json {
+        Json::default()
+            .spread("acquisitions_per_s", self.spread(|c| c.per_sec))
+            .spread("fairness_min_over_max", self.spread(|c| c.fairness))
+            .spread("handoff_p50_us", self.spread(|c| c.p50_us))
+            .spread("handoff_p99_us", self.spread(|c| c.p99_us))
+            .spread(
+                "requests_per_acquisition",
+                self.spread(|c| c.requests_per_acquisition),
+            )
+            .spread(
+                "client_cpu_us_per_acquisition",
+                self.spread(|c| c.client_cpu_us),
+            )
+            .spread(
+                "server_cpu_us_per_acquisition",
+                self.spread(|c| c.server_cpu_us),
+            )
+            .int(
+                "max_holders_at_once",
+                self.0.iter().map(|c| c.max_holders).max().unwrap_or(0) as u64,
+            )
+    }
+}
+
+/// Runs `threads` contenders for the configured duration. `make(i)` returns thread i's
+/// cycle: acquire, call `acquired` (which runs the critical section), release. `commands`
+/// are the top-level commands counted as requests.
+pub(crate) fn contend<F, C>(
+    bench: &Bench,
+    threads: usize,
+    cs: Duration,
+    commands: &[&str],
+    make: F,
+) -> Contended
+where
+    F: Fn(usize) -> C,
+    C: FnMut(&mut dyn FnMut()) + Send,
+{
+    let stop = AtomicBool::new(false);
+    let epoch = Instant::now();
+    // Acquisitions are numbered in order (the number is drawn inside the critical
+    // section); handoff latency of acquisition n = its acquire's return minus the return
+    // of release n - 1 (negative when the lock reached n before that release returned).
+    let sequence = AtomicU64::new(0);
+    let inside = AtomicUsize::new(0);
+    let most_inside = AtomicUsize::new(0);
+    let events = Mutex::new(Vec::<(u64, u64, u64)>::new()); // (n, acquired ns, released ns)
+    let counts = Mutex::new(vec![0u64; threads]);
+    let barrier = Barrier::new(threads + 1);
+    let cycles: Vec<C> = (0..threads).map(&make).collect();
+    let requests_before = bench.calls(commands);
+    let server_before = bench.server_cpu();
+    let mut elapsed = Duration::ZERO;
+    let mut client_cpu = 0.0;
+    std::thread::scope(|s| {
+        for (i, mut cycle) in cycles.into_iter().enumerate() {
+            let (stop, sequence, events, counts, barrier, inside, most_inside) = (
+                &stop,
+                &sequence,
+                &events,
+                &counts,
+                &barrier,
+                &inside,
+                &most_inside,
+            );
+            s.spawn(move || {
+                let mut mine = Vec::new();
+                let mut n = 0;
+                barrier.wait();
+                while !stop.load(Ordering::Relaxed) {
+                    let mut entry = (0, 0);
+                    let mut acquired = || {
+                        let at = epoch.elapsed().as_nanos() as u64;
+                        let now_inside = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        most_inside.fetch_max(now_inside, Ordering::SeqCst);
+                        entry = (sequence.fetch_add(1, Ordering::SeqCst), at);
+                        if !cs.is_zero() {
+                            std::thread::sleep(cs);
+                        }
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    };
+                    cycle(&mut acquired);
+                    mine.push((entry.0, entry.1, epoch.elapsed().as_nanos() as u64));
+                    n += 1;
+                }
+                events
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(mine);
+                counts.lock().unwrap_or_else(|p| p.into_inner())[i] = n;
+            });
+        }
+        barrier.wait();
+        let start = Instant::now();
+        let cpu_start = cpu_seconds();
+        std::thread::sleep(bench.cfg.duration);
+        stop.store(true, Ordering::Relaxed);
+        elapsed = start.elapsed();
+        client_cpu = cpu_seconds() - cpu_start;
+    });
+    let server_cpu = bench.server_cpu() - server_before;
+    let mut events = events.into_inner().unwrap_or_default();
+    events.sort_unstable();
+    let mut lat: Vec<f64> = events
+        .windows(2)
+        .filter(|w| w[1].0 == w[0].0 + 1)
+        .map(|w| (w[1].1 as i64 - w[0].2 as i64) as f64 / 1000.0)
+        .collect();
+    let requests = bench.calls(commands).saturating_sub(requests_before);
+    let counts = counts.into_inner().unwrap_or_default();
+    let total: u64 = counts.iter().sum();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let per_acquisition = |seconds: f64| seconds * 1e6 / total.max(1) as f64;
+    Contended {
+        per_sec: total as f64 / elapsed.as_secs_f64(),
+        fairness: *counts.iter().min().unwrap_or(&0) as f64
+            / (*counts.iter().max().unwrap_or(&1)).max(1) as f64,
+        p50_us: percentile(&lat, 0.5),
+        p99_us: percentile(&lat, 0.99),
+        // Minus the INFO calls of the measurement itself: none is counted (INFO is not
+        // among `commands`).
+        requests_per_acquisition: requests as f64 / total.max(1) as f64,
+        client_cpu_us: per_acquisition(client_cpu),
+        server_cpu_us: per_acquisition(server_cpu),
+        max_holders: most_inside.load(Ordering::SeqCst),
+    }
+}
+
+/// The W2 floor: threads polling `SET NX PX` every 1 ms, releasing with EVALSHA.
+fn floor(bench: &Bench, cs: Duration) -> Contended {
+    let script = redis::Script::new(RELEASE_LUA);
+    let sha = script.get_hash().to_owned();
+    let _: String = script
+        .prepare_invoke()
+        .load(&mut bench.conn())
+        .expect("load");
+    let key = format!("{TAG}:w2floor");
+    contend(bench, bench.cfg.threads, cs, &["set", "evalsha"], |i| {
+        let mut conn = bench.conn();
+        let token = format!("tok-{i}");
+        let (sha, key) = (sha.clone(), key.clone());
+        move |acquired: &mut dyn FnMut()| loop {
+            let ok: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(30000)
+                .query(&mut conn)
+                .expect("SET");
+            if ok.is_some() {
+                acquired();
+                let _: i64 = redis::cmd("EVALSHA")
+                    .arg(&sha)
+                    .arg(1)
+                    .arg(&key)
+                    .arg(&token)
+                    .query(&mut conn)
+                    .expect("EVALSHA");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+}
+
+fn ours(bench: &Bench, client: &Client, cs: Duration) -> Contended {
+    let name = format!("{TAG}:w2");
+    contend(
+        bench,
+        bench.cfg.threads,
+        cs,
+        &["evalsha", "eval", "blpop"],
+        |_| {
+            let client = client.clone();
+            let name = name.clone();
+            move |acquired: &mut dyn FnMut()| {
+                let guard = client.lock(&name).acquire().expect("acquire");
+                acquired();
+                guard.release().expect("release");
+            }
+        },
+    )
+}
+
+pub(crate) fn run(bench: &Bench) {
+    let client = Client::open(&bench.url).expect("client");
+    // Half the floor's W1 cycle: about one round trip.
+    let round_trip = floor_us(bench) / 2.0;
+    for &cs_ms in &bench.cfg.cs_ms {
+        let cs = Duration::from_millis(cs_ms);
+        let (mut floors, mut mine, mut ratios) = (Reps::default(), Reps::default(), Vec::new());
+        for _ in 0..bench.cfg.reps {
+            let f = floor(bench, cs);
+            let o = ours(bench, &client, cs);
+            ratios.push(o.per_sec / f.per_sec);
+            floors.push(f);
+            mine.push(o);
+        }
+        let p50 = mine.spread(|c| c.p50_us).median;
+        println!(
+            "{}",
+            Json::default()
+                .str(
+                    "workload",
+                    &format!(
+                        "W2 contended, {} threads, {cs_ms} ms critical section",
+                        bench.cfg.threads
+                    )
+                )
+                .obj("floor_polling_1ms", floors.json())
+                .obj("redlease", mine.json())
+                .spread("acquisitions_ratio_to_floor", Spread::of(&ratios))
+                .num("round_trip_us", round_trip)
+                .num("handoff_p50_in_round_trips", p50 / round_trip)
+                .int("keys_after", bench.key_count())
+                .render()
+        );
+    }
+    if let Some(py) = &bench.cfg.python {
+        let mut runs = Vec::new();
+        for _ in 0..bench.cfg.reps {
+            match python::run(bench, py, "w2", bench.cfg.threads) {
+                Some(fields) => runs.push(fields),
+                None => return,
+            }
+        }
+        let field = |k: &str| -> Spread {
+            Spread::of(
+                &runs
+                    .iter()
+                    .map(|f| f.get(k).copied().unwrap_or(f64::NAN))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        println!(
+            "{}",
+            Json::default()
+                .str("workload", "W2 from Python threads, 0 ms critical section")
+                .spread("acquisitions_per_s", field("acquisitions_per_s"))
+                .spread("fairness_min_over_max", field("fairness_min_over_max"))
+                .spread("handoff_p50_us", field("handoff_p50_us"))
+                .spread("handoff_p99_us", field("handoff_p99_us"))
+                .render()
+        );
+    }
+}
