@@ -65,6 +65,9 @@ enum Settled {
 /// What one attempt found.
 enum Attempt {
     Granted(Granted),
+    /// A reentrant lock its owner already held: one more hold of the acquisition whose
+    /// token this is.
+    Reentered(Granted, String),
     /// Held by another owner for this long (ms; -1 without expiry).
     Busy(i64),
 }
@@ -81,12 +84,16 @@ impl Acquire<'_> {
     /// [`ErrorKind::Cancelled`], and the errors of the requests. On every error this
     /// caller holds nothing (or, when Redis became unreachable, a withdrawal was tried and
     /// the docs of [`crate::Error::outcome_unknown`] apply).
-    pub fn run(&self, renew: bool) -> Result<Granted> {
+    ///
+    /// Returns the lock's token too when the hold is one more of an acquisition its owner
+    /// made before (a reentrant lock); `None` when the lock was taken with this acquire's
+    /// token.
+    pub fn run(&self, renew: bool) -> Result<(Granted, Option<String>)> {
         self.run_inner(renew)
-            .map_err(|e| wrong_kind(e, self.kind, &self.keys.lock))
+            .map_err(|e| wrong_kind(e, &self.kind, &self.keys.lock))
     }
 
-    fn run_inner(&self, renew: bool) -> Result<Granted> {
+    fn run_inner(&self, renew: bool) -> Result<(Granted, Option<String>)> {
         let backend = self.backend;
         let started = Instant::now();
         let one_request = backend.pool_wait
@@ -146,8 +153,10 @@ impl Acquire<'_> {
                 (outcome, final_block)
             };
             match outcome {
+                // At least the ttl is left: nothing to settle.
+                Ok(Attempt::Reentered(granted, token)) => return Ok((granted, Some(token))),
                 Ok(Attempt::Granted(granted)) => match self.settle(granted, renew, cutoff) {
-                    Settled::Held(granted) => return Ok(granted),
+                    Settled::Held(granted) => return Ok((granted, None)),
                     // The key slipped away as it was taken: nothing is held; try again.
                     Settled::Again if waits && !was_last => {
                         registered = false;
@@ -231,8 +240,14 @@ impl Acquire<'_> {
         if let (Attempt::Granted(_), Some(replicas)) = (&attempt, &self.replicas) {
             if let Err(e) = replicas.check(values.next(), "acquiring") {
                 let cutoff = Some(Instant::now() + self.backend.io_timeout);
-                let rolled_back =
-                    release_hold(self.backend, self.kind, self.keys, self.token, cutoff, true);
+                let rolled_back = release_hold(
+                    self.backend,
+                    &self.kind,
+                    self.keys,
+                    self.token,
+                    cutoff,
+                    true,
+                );
                 return Err(match rolled_back {
                     Ok(_) => e.context("rolled back"),
                     Err(undo) => e.context(&format!(
@@ -349,7 +364,14 @@ impl Acquire<'_> {
     /// Gives back a lock that cannot be used (best effort, within one I/O timeout).
     fn given_back(&self, settled: Settled) -> Settled {
         let cutoff = Some(Instant::now() + self.backend.io_timeout);
-        if let Err(e) = release_hold(self.backend, self.kind, self.keys, self.token, cutoff, true) {
+        if let Err(e) = release_hold(
+            self.backend,
+            &self.kind,
+            self.keys,
+            self.token,
+            cutoff,
+            true,
+        ) {
             log::warn!(
                 "could not give back lock {:?} ({e}); it lapses after its lease",
                 self.keys.lock
@@ -383,7 +405,14 @@ impl Acquire<'_> {
                 until = until.min(cutoff.max(Instant::now() + Duration::from_millis(20)));
             }
             let cutoff = Some(until);
-            match release_hold(self.backend, self.kind, self.keys, self.token, cutoff, true) {
+            match release_hold(
+                self.backend,
+                &self.kind,
+                self.keys,
+                self.token,
+                cutoff,
+                true,
+            ) {
                 Ok(true) => log::debug!(
                     "withdrawing from {:?} undid a grant never heard of",
                     self.keys.lock
@@ -406,9 +435,32 @@ fn cancelled() -> Error {
 
 /// Reads an `ACQUIRE` reply: `{1, fencing_token}` or `{0, pttl}`.
 fn parse_attempt(value: Option<Value>, sent_at: Instant) -> Result<Attempt> {
-    let reply: Vec<i64> = backend::reply(value.unwrap_or(Value::Nil))?;
-    match reply[..] {
-        [1, fence, lease_ms] => {
+    let mut reply: Vec<Value> = backend::reply(value.unwrap_or(Value::Nil))?;
+    let token = match reply.len() {
+        4 => Some(backend::reply::<String>(reply.remove(3))?),
+        _ => None,
+    };
+    let reply = reply
+        .into_iter()
+        .map(backend::reply::<i64>)
+        .collect::<Result<Vec<i64>>>()?;
+    match (&reply[..], token) {
+        ([2, fence, lease_ms], Some(token)) => {
+            let Attempt::Granted(granted) = parse_attempt(
+                Some(Value::Array(vec![
+                    Value::Int(1),
+                    Value::Int(*fence),
+                    Value::Int(*lease_ms),
+                ])),
+                sent_at,
+            )?
+            else {
+                unreachable!("a reply of 1 parses as granted")
+            };
+            Ok(Attempt::Reentered(granted, token))
+        }
+        ([1, fence, lease_ms], None) => {
+            let (fence, lease_ms) = (*fence, *lease_ms);
             let fencing_token = u64::try_from(fence)
                 .map_err(|_| Error::new(ErrorKind::Server, format!("bad fencing token {fence}")))?;
             let lease = u64::try_from(lease_ms)
@@ -422,8 +474,8 @@ fn parse_attempt(value: Option<Value>, sent_at: Instant) -> Result<Attempt> {
                 sent_at,
             }))
         }
-        [0, pttl] => Ok(Attempt::Busy(pttl)),
-        _ => Err(Error::new(
+        ([0, pttl], None) => Ok(Attempt::Busy(*pttl)),
+        (reply, _) => Err(Error::new(
             ErrorKind::Server,
             format!("unexpected reply to the acquire script: {reply:?}"),
         )),

@@ -163,6 +163,8 @@ pub(crate) struct ClientInner {
     pub backend: Arc<Backend>,
     pub options: ClientOptions,
     pub owner_label: String,
+    /// The reentrant locks this client holds, by token: more holds of one share its lease.
+    pub reentrant: Arc<crate::lock::Reentered>,
 }
 
 impl Client {
@@ -237,6 +239,7 @@ impl Client {
                 backend: Arc::new(backend),
                 options,
                 owner_label,
+                reentrant: Arc::default(),
             }),
         }
     }

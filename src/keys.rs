@@ -60,6 +60,8 @@ pub(crate) struct LockKeys {
     pub readers: String,
     /// Read-write locks: the wake-up list of readers (writers use `wake`).
     pub reader_wake: String,
+    /// Reentrant locks: the owner and count of holds of the current token.
+    pub holds: String,
 }
 
 impl LockKeys {
@@ -100,6 +102,7 @@ impl LockKeys {
             grant: format!("{RESERVED_PREFIX}grant:{tail}"),
             readers: format!("{RESERVED_PREFIX}readers:{tail}"),
             reader_wake: format!("{RESERVED_PREFIX}rwakeup:{tail}"),
+            holds: format!("{RESERVED_PREFIX}holds:{tail}"),
             lock,
         })
     }
@@ -219,6 +222,7 @@ mod tests {
             assert_eq!(key_slot(keys.wake.as_bytes()), slot, "{name}");
             assert_eq!(key_slot(keys.queue.as_bytes()), slot, "{name}");
             assert_eq!(key_slot(keys.grant.as_bytes()), slot, "{name}");
+            assert_eq!(key_slot(keys.holds.as_bytes()), slot, "{name}");
         }
     }
 
@@ -261,7 +265,14 @@ mod tests {
                 "{name:?} from {}",
                 keys.fence
             );
-            for companion in [&keys.wake, &keys.queue, &keys.grant] {
+            for companion in [
+                &keys.wake,
+                &keys.queue,
+                &keys.grant,
+                &keys.readers,
+                &keys.reader_wake,
+                &keys.holds,
+            ] {
                 if let Some(other) = seen.insert(companion.clone(), name) {
                     panic!("{name:?} and {other:?} share {companion}");
                 }
@@ -290,7 +301,15 @@ mod tests {
         }
         assert!(LockKeys::new("redlease", ":fence:{a}").is_err());
         let a = LockKeys::new("", "a").unwrap();
-        for companion in [&a.fence, &a.wake, &a.queue, &a.grant] {
+        for companion in [
+            &a.fence,
+            &a.wake,
+            &a.queue,
+            &a.grant,
+            &a.readers,
+            &a.reader_wake,
+            &a.holds,
+        ] {
             assert!(companion.starts_with(RESERVED_PREFIX));
             assert!(LockKeys::new("", companion).is_err());
         }

@@ -4,6 +4,9 @@
 //!
 //! - **Mutex**: the key holds the token (the canonical `SET NX PX` protocol); a release
 //!   hands the lock to the waiter that blocked first.
+//! - **Reentrant** mutex: the same, and its owner may take it again while it holds it; the
+//!   key still holds the token only, the owner and the count of holds live in a companion
+//!   hash of the same slot.
 //! - **Permit** of a counting semaphore: the key is a sorted set of holders' tokens, scored
 //!   by when each permit expires by the server's clock.
 //! - **Read** and **Write** sides of a read-write lock: the key is a hash with the writer
@@ -21,9 +24,15 @@ use crate::scripts;
 use crate::token;
 
 /// A kind of lock (see the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Kind {
     Mutex,
+    /// A mutex its owner (this identity) may take again while it holds it. The `holds`
+    /// companion hash records the key's token (`t`), the owner (`o`), the fencing token
+    /// (`f`) and one field `h:<token>` per hold, named by the token of the acquire that
+    /// made it (so a repeated or withdrawn attempt adds or removes its own hold only); the
+    /// key is released with the last hold.
+    Reentrant(std::sync::Arc<str>),
     /// A permit of a semaphore of this many permits.
     Permit(u32),
     Read,
@@ -33,7 +42,7 @@ pub(crate) enum Kind {
 impl Kind {
     /// An attempt to take a hold (`mode` as in [`scripts::ACQUIRE`]).
     pub fn attempt(
-        self,
+        &self,
         keys: &LockKeys,
         token: &str,
         ttl_ms: u64,
@@ -52,6 +61,25 @@ impl Kind {
                 ],
                 &[&token, &ttl_ms, &scripts::FENCE_TTL_MS, &mode, &grace_ms],
             ),
+            Kind::Reentrant(owner) => Call::script(
+                &scripts::ACQUIRE,
+                &[
+                    &keys.lock,
+                    &keys.fence,
+                    &keys.wake,
+                    &keys.queue,
+                    &keys.grant,
+                    &keys.holds,
+                ],
+                &[
+                    &token,
+                    &ttl_ms,
+                    &scripts::FENCE_TTL_MS,
+                    &mode,
+                    &grace_ms,
+                    &owner.as_ref(),
+                ],
+            ),
             Kind::Permit(permits) => Call::script(
                 &scripts::ACQUIRE_PERMIT,
                 &[&keys.lock, &keys.fence, &keys.wake, &keys.queue],
@@ -61,7 +89,7 @@ impl Kind {
                     &scripts::FENCE_TTL_MS,
                     &mode,
                     &grace_ms,
-                    &u64::from(permits),
+                    &u64::from(*permits),
                 ],
             ),
             Kind::Read | Kind::Write => Call::script(
@@ -86,9 +114,14 @@ impl Kind {
     }
 
     /// A token-checked extend of a hold.
-    pub fn extend(self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Call {
+    pub fn extend(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Call {
         match self {
             Kind::Mutex => Call::script(&scripts::EXTEND, &[&keys.lock], &[&token, &ttl_ms]),
+            Kind::Reentrant(_) => Call::script(
+                &scripts::EXTEND,
+                &[&keys.lock, &keys.holds],
+                &[&token, &ttl_ms],
+            ),
             Kind::Permit(_) => {
                 Call::script(&scripts::EXTEND_PERMIT, &[&keys.lock], &[&token, &ttl_ms])
             }
@@ -104,7 +137,7 @@ impl Kind {
     /// that also gives back a hold it may have taken unawares). `min_claim_ms` and
     /// `grace_ms` bound a mutex's handoff and a wake-up.
     pub fn release(
-        self,
+        &self,
         keys: &LockKeys,
         token: &str,
         min_claim_ms: u64,
@@ -119,6 +152,27 @@ impl Kind {
                     &scripts::RELEASE,
                     &[&keys.lock, &keys.wake, &keys.queue, &keys.grant],
                     &[&token, &handoff, &min_claim_ms, &grace_ms, &withdraw],
+                )
+            }
+            Kind::Reentrant(owner) => {
+                let handoff = token::new_token("handoff");
+                Call::script(
+                    &scripts::RELEASE,
+                    &[
+                        &keys.lock,
+                        &keys.wake,
+                        &keys.queue,
+                        &keys.grant,
+                        &keys.holds,
+                    ],
+                    &[
+                        &token,
+                        &handoff,
+                        &min_claim_ms,
+                        &grace_ms,
+                        &withdraw,
+                        &owner.as_ref(),
+                    ],
                 )
             }
             Kind::Permit(_) => Call::script(
@@ -141,7 +195,7 @@ impl Kind {
     }
 
     /// The list a waiter of this kind blocks on.
-    pub fn wake_list(self, keys: &LockKeys) -> &str {
+    pub fn wake_list<'k>(&self, keys: &'k LockKeys) -> &'k str {
         match self {
             Kind::Read => &keys.reader_wake,
             _ => &keys.wake,
@@ -149,15 +203,16 @@ impl Kind {
     }
 
     /// What a hold of this kind is called, for messages.
-    pub fn noun(self) -> &'static str {
+    pub fn noun(&self) -> &'static str {
         match self {
             Kind::Mutex => "lock",
+            Kind::Reentrant(_) => "reentrant lock",
             Kind::Permit(_) => "semaphore",
             Kind::Read | Kind::Write => "read-write lock",
         }
     }
 
-    fn side(self) -> String {
+    fn side(&self) -> String {
         match self {
             Kind::Write => "w".to_owned(),
             _ => "r".to_owned(),
@@ -166,7 +221,7 @@ impl Kind {
 }
 
 /// Turns a `WRONGTYPE` server error into a clear one: the name is in use by another kind.
-pub(crate) fn wrong_kind(error: Error, kind: Kind, key: &str) -> Error {
+pub(crate) fn wrong_kind(error: Error, kind: &Kind, key: &str) -> Error {
     if error.kind() == ErrorKind::Server && error.message().contains("WRONGTYPE") {
         Error::new(
             ErrorKind::Server,

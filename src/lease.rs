@@ -627,9 +627,11 @@ impl Lease {
     }
 
     /// Sends the token-checked release (which grants the lock to a waiter if there is
-    /// one) on the urgent lane, which never waits for a pooled connection.
-    /// `Ok(false)`: the key no longer held the token.
-    pub fn release_on_server(&self) -> Result<bool> {
+    /// one) on the urgent lane, which never waits for a pooled connection. `hold` names
+    /// the hold given back: the lock's token, or one of a reentrant lock's later holds
+    /// (the lock is then released with its last hold). `Ok(false)`: the key no longer held
+    /// the token.
+    pub fn release_on_server(&self, hold: &str) -> Result<bool> {
         if let Some(members) = self.backend.redlock_members() {
             let (ttl, valid_until) = {
                 let s = self.state();
@@ -644,14 +646,7 @@ impl Lease {
                 valid_until,
             );
         }
-        release_hold(
-            &self.backend,
-            self.kind,
-            &self.keys,
-            &self.token,
-            None,
-            false,
-        )
+        release_hold(&self.backend, &self.kind, &self.keys, hold, None, false)
     }
 }
 
@@ -660,7 +655,7 @@ impl Lease {
 /// unawares. `Ok(true)` when the hold was there and no longer is.
 pub(crate) fn release_hold(
     backend: &Backend,
-    kind: Kind,
+    kind: &Kind,
     keys: &LockKeys,
     token: &str,
     cutoff: Option<Instant>,

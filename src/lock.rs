@@ -1,8 +1,9 @@
 //! Acquiring a lock ([`LockBuilder`]) and holding it ([`LockGuard`]).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
@@ -37,6 +38,8 @@ pub struct LockBuilder<'a> {
     on_interrupt: Option<InterruptHook>,
     replicas: Option<(u32, Duration)>,
     kind: Kind,
+    /// A builder method that does not apply to this kind (reported by the acquire).
+    misuse: Option<String>,
 }
 
 impl<'a> LockBuilder<'a> {
@@ -51,6 +54,7 @@ impl<'a> LockBuilder<'a> {
             on_interrupt: None,
             replicas: None,
             kind: Kind::Mutex,
+            misuse: None,
         }
     }
 
@@ -111,6 +115,31 @@ impl<'a> LockBuilder<'a> {
         self
     }
 
+    /// Makes the lock reentrant for the calling thread: while this thread holds it, an
+    /// acquire by the same thread (through this client) succeeds at once with one more
+    /// hold instead of waiting for itself. Each hold is a guard of its own; the lock is
+    /// released with the last. All holds share one lease, one renewal thread and the
+    /// fencing token of the first. The key still holds the token only (`GET key` and
+    /// canonical clients keep working); the owner and the holds live in a companion hash
+    /// of the same slot. Not for Redlock clients, semaphores or read-write locks.
+    pub fn reentrant(self) -> Self {
+        let owner = token::thread_owner();
+        self.reentrant_as(&owner)
+    }
+
+    /// As [`reentrant`](Self::reentrant), for the caller-supplied `owner` instead of the
+    /// calling thread: any thread (or process, or host) acquiring with the same owner takes
+    /// one more hold. The owner must be unique to its holder across every host that uses
+    /// the lock: include a UUID drawn once per owner (a job's id, for example), never a
+    /// bare thread id or PID, which repeat across hosts. At most 256 bytes, not empty.
+    pub fn reentrant_as(mut self, owner: &str) -> Self {
+        match self.kind {
+            Kind::Mutex | Kind::Reentrant(_) => self.kind = Kind::Reentrant(Arc::from(owner)),
+            _ => self.misuse = Some(format!("a {} cannot be reentrant", self.kind.noun())),
+        }
+        self
+    }
+
     /// Tries once, without waiting.
     ///
     /// Errors: [`ErrorKind::Busy`] when another owner holds the lock; connection, timeout,
@@ -167,12 +196,23 @@ impl<'a> LockBuilder<'a> {
             wait,
             watch,
             replicas,
-            kind: self.kind,
+            kind: self.kind.clone(),
         };
+        if let Some(misuse) = self.misuse {
+            return Err(Error::invalid(misuse));
+        }
         if let Kind::Permit(0) = self.kind {
             return Err(Error::invalid("a semaphore needs at least one permit"));
         }
-        let granted = match inner.backend.redlock_members() {
+        if let Kind::Reentrant(owner) = &self.kind {
+            if owner.is_empty() || owner.len() > MAX_OWNER_LEN {
+                return Err(Error::invalid(format!(
+                    "a reentrant lock's owner must be 1 to {MAX_OWNER_LEN} bytes, got {}",
+                    owner.len()
+                )));
+            }
+        }
+        let (granted, reentered) = match inner.backend.redlock_members() {
             Some(_) if self.kind != Kind::Mutex => {
                 return Err(Error::invalid(format!(
                     "a Redlock client takes mutexes only, not a {}",
@@ -185,7 +225,7 @@ impl<'a> LockBuilder<'a> {
                         "min_replicas is for a single primary; a Redlock lock already waits for a majority of primaries",
                     ));
                 }
-                crate::redlock::acquire(
+                let granted = crate::redlock::acquire(
                     &inner.backend,
                     members,
                     &keys,
@@ -193,9 +233,22 @@ impl<'a> LockBuilder<'a> {
                     ttl,
                     wait,
                     &acquire.watch,
-                )?
+                )?;
+                (granted, None)
             }
             None => acquire.run(self.renew)?,
+        };
+        let registry = matches!(self.kind, Kind::Reentrant(_)).then(|| inner.reentrant.clone());
+        // This guard's hold: the token of this acquire (the first hold's is the lock's).
+        let hold = token;
+        let token = match reentered {
+            Some(lock_token) => {
+                if let Some(held) = registry.as_ref().and_then(|r| r.join(&lock_token)) {
+                    return Ok(LockGuard::with(held, hold));
+                }
+                lock_token
+            }
+            None => hold.clone(),
         };
         let lease = Lease::new(
             inner.backend.clone(),
@@ -209,7 +262,84 @@ impl<'a> LockBuilder<'a> {
         )
         .with_replicas(replicas)
         .with_kind(self.kind);
-        LockGuard::start(lease, self.renew)
+        LockGuard::start(lease, self.renew, hold, registry)
+    }
+}
+
+/// The longest owner of a reentrant lock accepted, in bytes.
+pub const MAX_OWNER_LEN: usize = 256;
+
+/// A held lock as this process has it: its lease and its renewal, shared by the guards of
+/// the holds of one reentrant owner (one guard otherwise).
+struct Held {
+    lease: Arc<Lease>,
+    renewal: Mutex<Option<Renewal>>,
+    /// Guards of this process that hold it; changed under the registry's lock when there
+    /// is one.
+    guards: Mutex<usize>,
+    /// The client's reentrant locks, for a reentrant lock.
+    registry: Option<Arc<Reentered>>,
+}
+
+impl Held {
+    fn renewal(&self) -> MutexGuard<'_, Option<Renewal>> {
+        self.renewal.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn guards(&self) -> MutexGuard<'_, usize> {
+        self.guards.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One guard less; `true` when it was the last (the lock is then off the registry).
+    fn leave(self: &Arc<Self>) -> bool {
+        let Some(registry) = &self.registry else {
+            return true;
+        };
+        let mut map = registry.map();
+        let mut guards = self.guards();
+        *guards = guards.saturating_sub(1);
+        if *guards > 0 {
+            return false;
+        }
+        let token = &self.lease.token;
+        if map
+            .get(token)
+            .is_some_and(|w| w.ptr_eq(&Arc::downgrade(self)))
+        {
+            map.remove(token);
+        }
+        true
+    }
+}
+
+/// The reentrant locks a client holds, by token, so that more holds of one share its lease
+/// and renewal.
+#[derive(Default)]
+pub(crate) struct Reentered(Mutex<HashMap<String, Weak<Held>>>);
+
+impl Reentered {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Weak<Held>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lock with `token` as held here, with one more guard; `None` when this process
+    /// does not hold it (any more).
+    fn join(&self, token: &str) -> Option<Arc<Held>> {
+        let map = self.map();
+        let held = map.get(token)?.upgrade()?;
+        let mut guards = held.guards();
+        if *guards == 0 || held.lease.gate_closed() {
+            return None;
+        }
+        *guards += 1;
+        drop(guards);
+        Some(held)
+    }
+
+    fn insert(&self, held: &Arc<Held>) {
+        let mut map = self.map();
+        map.retain(|_, w| w.strong_count() > 0);
+        map.insert(held.lease.token.clone(), Arc::downgrade(held));
     }
 }
 
@@ -220,68 +350,94 @@ impl<'a> LockBuilder<'a> {
 /// stop a holder that paused past its ttl, a resource that rejects stale tokens can.
 #[must_use = "if unused the lock is released at once"]
 pub struct LockGuard {
-    lease: Arc<Lease>,
-    renewal: Mutex<Option<Renewal>>,
+    held: Arc<Held>,
+    /// The token of this guard's hold: the lock's token, but for the later holds of a
+    /// reentrant lock.
+    hold: String,
     released: AtomicBool,
 }
 
 impl LockGuard {
-    fn start(lease: Lease, renew: bool) -> Result<LockGuard> {
+    /// The first guard of a lock this process just took (`hold`: its token of this hold),
+    /// with its renewal; a reentrant lock goes on the client's registry.
+    fn start(
+        lease: Lease,
+        renew: bool,
+        hold: String,
+        registry: Option<Arc<Reentered>>,
+    ) -> Result<LockGuard> {
         let lease = Arc::new(lease);
-        let guard = LockGuard {
+        let held = Arc::new(Held {
             lease: lease.clone(),
             renewal: Mutex::new(None),
-            released: AtomicBool::new(false),
-        };
+            guards: Mutex::new(1),
+            registry,
+        });
+        let guard = LockGuard::with(held.clone(), hold);
         if renew {
-            // On failure the guard drops here and releases the lock it just took.
-            *guard.renewal_slot() = Some(Renewal::start(lease)?);
+            // On failure the guard drops here and releases the hold it just took.
+            *held.renewal() = Some(Renewal::start(lease)?);
+        }
+        if let Some(registry) = &held.registry {
+            registry.insert(&held);
         }
         Ok(guard)
     }
 
-    fn renewal_slot(&self) -> std::sync::MutexGuard<'_, Option<Renewal>> {
-        self.renewal.lock().unwrap_or_else(|p| p.into_inner())
+    fn with(held: Arc<Held>, hold: String) -> LockGuard {
+        LockGuard {
+            held,
+            hold,
+            released: AtomicBool::new(false),
+        }
+    }
+
+    fn renewal_slot(&self) -> MutexGuard<'_, Option<Renewal>> {
+        self.held.renewal()
+    }
+
+    fn lease(&self) -> &Arc<Lease> {
+        &self.held.lease
     }
 
     /// The lock key (the client's prefix plus the name).
     pub fn key(&self) -> &str {
-        &self.lease.keys.lock
+        &self.lease().keys.lock
     }
 
     /// The token stored under the key while this guard holds it (`redis-cli GET key`).
     pub fn token(&self) -> &str {
-        &self.lease.token
+        &self.lease().token
     }
 
     /// The fencing token of this acquisition: larger than that of every earlier
     /// acquisition of the same name.
     pub fn fencing_token(&self) -> u64 {
-        self.lease.fencing_token
+        self.lease().fencing_token
     }
 
     /// The local view: not released, not lost, and the lease's local deadline not passed.
     /// Sends nothing to Redis.
     pub fn is_held(&self) -> bool {
-        self.lease.is_held()
+        self.lease().is_held()
     }
 
     /// How much of the lease is left by the local clock (minus a drift allowance); zero once
     /// lost or released.
     pub fn remaining(&self) -> Duration {
-        self.lease.remaining()
+        self.lease().remaining()
     }
 
     /// Why the lock was lost, if it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        self.lease.lost()
+        self.lease().lost()
     }
 
     /// A channel that receives the reason once if the lock is lost; use it in
     /// `crossbeam_channel::select!`. It disconnects without a message when the lock is
     /// released. Only renewal and [`extend`](Self::extend) detect a loss.
     pub fn lost(&self) -> Receiver<LostReason> {
-        self.lease.subscribe()
+        self.lease().subscribe()
     }
 
     /// Sets the lease to `ttl` from now, if the key still holds this lock's token.
@@ -296,15 +452,15 @@ impl LockGuard {
     /// the rest of the lock's life (a late extend to the shorter ttl could still run).
     pub fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = Duration::from_millis(ttl_millis(ttl)?);
-        self.lease.check_process()?;
+        self.lease().check_process()?;
         if self.released.load(Ordering::SeqCst) {
             return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
         }
         let extended = {
-            let Some(_gate) = self.lease.gate() else {
+            let Some(_gate) = self.lease().gate() else {
                 return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
             };
-            self.lease.extend_gated(ttl, Lane::Urgent, None)?
+            self.lease().extend_gated(ttl, Lane::Urgent, None)?
         };
         match extended {
             Extended::Yes => {
@@ -314,10 +470,10 @@ impl LockGuard {
                 Ok(())
             }
             Extended::Lost(reason) => {
-                self.lease.notify_lost();
+                self.lease().notify_lost();
                 Err(Error::new(
                     ErrorKind::NotHeld,
-                    format!("lock {:?} was lost: {reason}", self.lease.keys.lock),
+                    format!("lock {:?} was lost: {reason}", self.lease().keys.lock),
                 ))
             }
         }
@@ -346,18 +502,21 @@ impl LockGuard {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let renewal = self.renewal_slot().take();
-        self.lease.check_process()?;
-        if let Some(renewal) = renewal {
-            renewal.stop();
+        self.lease().check_process()?;
+        if self.held.leave() {
+            if let Some(renewal) = self.renewal_slot().take() {
+                renewal.stop();
+            }
+            // Closed even without renewal: no extend may run after the release either.
+            self.lease().close_gate();
         }
-        // Closed even without renewal: no extend may run after the release either.
-        self.lease.close_gate();
         // Decided before the release is sent: a lease that ends while it is in flight was
         // still held when Redis ran it (or the key no longer holds the token).
-        let broken = self.lease.broken();
-        self.lease.mark_released();
-        let released = self.lease.release_on_server()?;
+        let broken = self.lease().broken();
+        if self.lease().gate_closed() {
+            self.lease().mark_released();
+        }
+        let released = self.lease().release_on_server(&self.hold)?;
         match broken {
             _ if !released => Err(self.not_held(
                 "no longer held this token (the lease had ended or another owner took it)",
@@ -372,7 +531,7 @@ impl LockGuard {
     fn not_held(&self, what: &str) -> Error {
         Error::new(
             ErrorKind::NotHeld,
-            format!("lock {:?} {what}", self.lease.keys.lock),
+            format!("lock {:?} {what}", self.lease().keys.lock),
         )
     }
 }
@@ -380,7 +539,7 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Err(e) = self.release_shared() {
-            log::warn!("releasing lock {:?} on drop: {e}", self.lease.keys.lock);
+            log::warn!("releasing lock {:?} on drop: {e}", self.lease().keys.lock);
         }
     }
 }

@@ -80,13 +80,17 @@ pub(crate) const MODE_LAST: u8 = 3;
 
 /// Acquire: `SET lock token NX PX ttl`, and on success the next fencing token.
 ///
-/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue, KEYS[5] grant
+/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue, KEYS[5]
+///   grant, and for a reentrant lock KEYS[6] its holds (see [`crate::kinds::Kind`])
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fencing counter expiry ms, ARGV[4] mode
 ///   (`MODE_*`), ARGV[5] the waiter's grace ms: how long its registration lives
-///   unrefreshed, and the longest lease a taken grant gets
+///   unrefreshed, and the longest lease a taken grant gets; for a reentrant lock ARGV[6]
+///   the owner
 /// - Returns `{1, fencing_token, lease_ms}` when acquired (`lease_ms` is the ttl the key
 ///   was set to), `{0, pttl_ms}` when another owner holds it (`pttl_ms` is -1 for a key
-///   without expiry).
+///   without expiry), and for a reentrant lock its owner already holds `{2,
+///   fencing_token, lease_ms, token}`: one more hold of that acquisition (its token and
+///   fencing token), whose lease is now at least the ttl.
 ///
 /// A taken grant is leased for the shorter of the ttl and the grace, not for the ttl: if
 /// the waiter died right after its pipelined attempt ran, nobody would hear of the grant,
@@ -104,11 +108,33 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
         r"
 local token = ARGV[1]
 local mode = tonumber(ARGV[4])
+local owner = ARGV[6]
+if owner then
+  -- Reentrant: the owner of the current hold takes it once more.
+  local holder = redis.call('GET', KEYS[1])
+  local h = holder and redis.call('HMGET', KEYS[6], 't', 'o', 'f')
+  if h and h[1] == holder and h[2] == owner then
+    redis.call('HSET', KEYS[6], 'h:' .. token, 1)
+    local lease = math.max(redis.call('PTTL', KEYS[1]), tonumber(ARGV[2]))
+    redis.call('PEXPIRE', KEYS[1], lease)
+    redis.call('PEXPIRE', KEYS[6], lease)
+    if mode ~= 0 then
+      redis.call('ZREM', KEYS[4], token)
+    end
+    return {2, tonumber(h[3]), lease, holder}
+  end
+end
 local function granted(lease)
   if mode ~= 0 then
     redis.call('ZREM', KEYS[4], token)
   end
-  return {1, next_fence(KEYS[2], ARGV[3]), lease}
+  local fence = next_fence(KEYS[2], ARGV[3])
+  if owner then
+    redis.call('DEL', KEYS[6])
+    redis.call('HSET', KEYS[6], 't', token, 'o', owner, 'f', string.format('%.0f', fence), 'h:' .. token, 1)
+    redis.call('PEXPIRE', KEYS[6], lease)
+  end
+  return {1, fence, lease}
 end
 local function take_grant()
   local lease = math.min(tonumber(ARGV[2]), tonumber(ARGV[5]))
@@ -159,13 +185,17 @@ return {0, pttl}
 /// with its own token and ARGV[5] = 1 (withdraw): that also removes its registration and
 /// undoes a grant it may have taken without hearing of it.
 ///
-/// - KEYS[1] lock, KEYS[2] wake list, KEYS[3] queue, KEYS[4] grant
+/// - KEYS[1] lock, KEYS[2] wake list, KEYS[3] queue, KEYS[4] grant, and for a reentrant
+///   lock KEYS[5] its holds
 /// - ARGV[1] token, ARGV[2] fresh handoff token, ARGV[3] shortest claim lease ms, ARGV[4]
-///   longest claim lease ms (the releaser's grace), ARGV[5] 1 to withdraw a waiter. Between
-///   the two leases, a grant lives as long as the registration of the last waiter to
-///   refresh it.
-/// - Returns 1 when released, 2 when granted to a waiter, 0 when the key no longer held the
-///   token.
+///   longest claim lease ms (the releaser's grace), ARGV[5] 1 to withdraw a waiter; for a
+///   reentrant lock ARGV[6] the owner. Between the two leases, a grant lives as long as the
+///   registration of the last waiter to refresh it.
+/// - Returns 1 when released, 2 when granted to a waiter, 3 when one hold of a reentrant
+///   lock was given back and others remain, 0 when the key no longer held the token (or,
+///   reentrant, it is another owner's). For a reentrant lock ARGV[1] names one hold (the
+///   token of the acquire that made it; the first hold's is the key's token), and the key
+///   is released with the last hold.
 ///
 /// Under memory pressure (`maxmemory` with `noeviction`) a write that adds data may be
 /// refused; the release then deletes the key without a handoff (a delete is never refused)
@@ -174,12 +204,31 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{NOW_MS}{}",
         r"
-local held = redis.call('GET', KEYS[1]) == ARGV[1]
+local holder = redis.call('GET', KEYS[1])
+local held = holder == ARGV[1]
 if ARGV[5] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[1])
 end
+if ARGV[6] and holder then
+  -- Reentrant: ARGV[1] is one hold of the owner's; the lock goes with the last hold.
+  local h = redis.call('HMGET', KEYS[5], 't', 'o')
+  if h[1] == holder then
+    if h[2] ~= ARGV[6] then
+      return 0
+    end
+    if redis.call('HDEL', KEYS[5], 'h:' .. ARGV[1]) == 1 then
+      if redis.call('HLEN', KEYS[5]) > 3 then
+        return 3
+      end
+      held = true
+    end
+  end
+end
 if not held then
   return 0
+end
+if ARGV[6] then
+  redis.call('DEL', KEYS[5])
 end
 -- The registration that lapses last: if it has lapsed, so have all the others.
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
@@ -216,13 +265,16 @@ return 1
 
 /// Extend (renew): set a new ttl only while the lock holds our token.
 ///
-/// - KEYS[1] lock key
+/// - KEYS[1] lock key, and for a reentrant lock KEYS[2] its holds (extended alike)
 /// - ARGV[1] token, ARGV[2] new ttl in ms (never 0: `PEXPIRE key 0` deletes the key)
 /// - Returns 1 when extended, 0 when the key no longer held the token.
 pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  if KEYS[2] then
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  end
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0

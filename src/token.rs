@@ -66,6 +66,28 @@ pub(crate) fn new_token(label: &str) -> String {
     format!("{uuid}:{label}")
 }
 
+/// The reentrant owner that stands for the calling thread: unique to this thread of this
+/// process (a random UUID per thread, drawn again in a forked child), on every host.
+pub(crate) fn thread_owner() -> String {
+    thread_local! {
+        static OWNER: RefCell<Option<(u64, String)>> = const { RefCell::new(None) };
+    }
+    let current = process::generation();
+    OWNER
+        .try_with(|owner| {
+            let mut owner = owner.borrow_mut();
+            match &*owner {
+                Some((process, id)) if *process == current => id.clone(),
+                _ => {
+                    let id = new_token("thread");
+                    *owner = Some((current, id.clone()));
+                    id
+                }
+            }
+        })
+        .unwrap_or_else(|_| new_token("thread"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

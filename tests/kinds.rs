@@ -1,4 +1,4 @@
-//! Lock kinds (issue 15): counting semaphores and read-write locks, against real servers,
+//! Lock kinds (issue 15): reentrant locks, counting semaphores and read-write locks, against real servers,
 //! with interval logs checked offline and the fault proxy.
 
 mod support;
@@ -383,4 +383,168 @@ fn semaphore_worker() {
     for t in threads {
         t.join().unwrap();
     }
+}
+
+/// Item 1 and 6: a thread takes a reentrant lock 100 times: one token, one fencing token,
+/// one lease renewed once (not per hold); another thread is refused meanwhile; the key is
+/// released with the 100th release, not before.
+#[test]
+fn a_reentrant_lock_is_taken_100_deep_and_released_with_the_last_hold() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let ttl = Duration::from_millis(300);
+    let guards: Vec<_> = (0..100)
+        .map(|_| {
+            client
+                .lock("deep")
+                .reentrant()
+                .ttl(ttl)
+                .try_acquire()
+                .unwrap()
+        })
+        .collect();
+    let first = &guards[0];
+    assert!(guards.iter().all(|g| g.token() == first.token()));
+    assert!(
+        guards
+            .iter()
+            .all(|g| g.fencing_token() == first.fencing_token())
+    );
+    let stored: Option<String> = server.cmd(&["GET", "deep"]);
+    assert_eq!(
+        stored.as_deref(),
+        Some(first.token()),
+        "GET key still works"
+    );
+    // Another thread (another owner) is refused, and so is a plain mutex.
+    let other = client.clone();
+    let refused = std::thread::spawn(move || {
+        other
+            .lock("deep")
+            .reentrant()
+            .try_acquire()
+            .map(drop)
+            .unwrap_err()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(refused.kind(), ErrorKind::Busy, "{refused}");
+    assert_eq!(
+        client.lock("deep").try_acquire().unwrap_err().kind(),
+        ErrorKind::Busy
+    );
+    // One renewal for the lock, not one per hold: ~3 renewals per ttl.
+    let before = server.calls("evalsha");
+    std::thread::sleep(ttl * 4);
+    let renewals = server.calls("evalsha") - before;
+    assert!(
+        renewals <= 40,
+        "{renewals} renewals in 4 ttls for 100 holds"
+    );
+    assert!(guards.iter().all(|g| g.is_held()));
+    let mut guards = guards;
+    let last = guards.pop().unwrap();
+    for guard in guards {
+        guard.release().unwrap();
+        assert!(server.cmd::<bool>(&["EXISTS", "deep"]));
+    }
+    assert!(last.is_held(), "the holds left share the lease");
+    last.release().unwrap();
+    assert!(!server.cmd::<bool>(&["EXISTS", "deep"]));
+    assert!(
+        !server.cmd::<bool>(&["EXISTS", "redlease:holds:{deep}"]),
+        "the holds record goes with the lock"
+    );
+}
+
+/// Item 1: a caller-supplied owner is shared by every client that uses it (here two
+/// clients, as two processes would): each takes a hold of the same acquisition, and the
+/// lock is released with the last hold, whichever client gives it back. Another owner is
+/// refused.
+#[test]
+fn a_caller_supplied_owner_reenters_from_another_client() {
+    let server = RedisServer::start();
+    let (a, b) = (client(&server.url()), client(&server.url()));
+    let owner = "job-6f1c0e2a-5d9b-4d1e-9a6e-0c8f6a2b7d11";
+    let first = a.lock("job").reentrant_as(owner).try_acquire().unwrap();
+    let second = b.lock("job").reentrant_as(owner).try_acquire().unwrap();
+    assert_eq!(first.token(), second.token());
+    assert_eq!(first.fencing_token(), second.fencing_token());
+    let stranger = b.lock("job").reentrant_as("someone-else").try_acquire();
+    assert_eq!(stranger.unwrap_err().kind(), ErrorKind::Busy);
+    first.release().unwrap();
+    assert!(server.cmd::<bool>(&["EXISTS", "job"]), "one hold is left");
+    assert!(second.is_held());
+    second.release().unwrap();
+    assert!(!server.cmd::<bool>(&["EXISTS", "job"]));
+    // Bad owners are refused before anything is sent.
+    for bad in ["".to_owned(), "x".repeat(257)] {
+        let err = a.lock("job").reentrant_as(&bad).try_acquire().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    }
+}
+
+/// Items 1 and 6, under faults: a re-entry whose reply is dropped reports an unknown
+/// outcome and withdraws its own hold, so the lock is released with the holds that were
+/// reported (not left held until its ttl); a delayed reply changes nothing.
+#[test]
+fn a_reentry_whose_reply_is_lost_leaves_no_hold_behind() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let options = ClientOptions::default()
+        .io_timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300));
+    let client = Client::with_options(&proxy.url(), options).unwrap();
+    let owner = "owner-under-faults-0b7e";
+    let first = client
+        .lock("faulty")
+        .reentrant_as(owner)
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .unwrap();
+    let rule = proxy.on_request(owner.as_bytes(), 1, Action::DropReply);
+    let err = client
+        .lock("faulty")
+        .reentrant_as(owner)
+        .try_acquire()
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(proxy.matched(rule), 1);
+    assert!(err.outcome_unknown(), "{err}");
+    proxy.on_request(
+        owner.as_bytes(),
+        1,
+        Action::DelayReply(Duration::from_millis(150)),
+    );
+    let second = client
+        .lock("faulty")
+        .reentrant_as(owner)
+        .try_acquire()
+        .unwrap();
+    second.release().unwrap();
+    assert!(server.cmd::<bool>(&["EXISTS", "faulty"]));
+    first.release().unwrap();
+    assert!(
+        !server.cmd::<bool>(&["EXISTS", "faulty"]),
+        "the lost re-entry's hold was withdrawn"
+    );
+}
+
+/// Item 5: a reentrant lock is a mutex: the same name cannot be a semaphore at once, and
+/// a Redlock client refuses reentrant locks clearly.
+#[test]
+fn reentrant_locks_keep_to_their_kind() {
+    let server = RedisServer::start();
+    let c = client(&server.url());
+    let held = c.lock("mixed").reentrant().try_acquire().unwrap();
+    let err = c.semaphore("mixed", 2).try_acquire().unwrap_err();
+    assert!(err.to_string().contains("another kind"), "{err}");
+    drop(held);
+    let err = c.semaphore("s", 2).reentrant().try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = c.rwlock("rw").read().reentrant().try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let redlock = Client::redlock(&[&server.url()], ClientOptions::default()).unwrap();
+    let err = redlock.lock("r").reentrant().try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
 }
