@@ -28,22 +28,30 @@ pub struct LockInfo {
     pub fencing_token: Option<u64>,
     /// Waiters registered now (their registrations not lapsed).
     pub waiters: u64,
+    /// For a reentrant lock: its owner and how many holds the owner has.
+    pub reentrant: Option<(String, u64)>,
 }
 
 /// `INSPECT`: a consistent view of a lock.
 ///
-/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] queue
-/// - Returns `{holder or false, pttl, fence or false, live registrations}`.
+/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] queue, KEYS[4] reentrant holds
+/// - Returns `{holder or false, pttl, fence or false, live registrations, reentrant owner
+///   or false, holds}`.
 static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local holder = redis.call('GET', KEYS[1])
+local h = redis.call('HMGET', KEYS[4], 't', 'o')
+local reentrant = holder and h[1] == holder
 return {
-  redis.call('GET', KEYS[1]),
+  holder,
   redis.call('PTTL', KEYS[1]),
   redis.call('GET', KEYS[2]),
   redis.call('ZCOUNT', KEYS[3], now_ms, '+inf'),
+  reentrant and h[2],
+  reentrant and redis.call('HLEN', KEYS[4]) - 3 or 0,
 }
 "
         .to_owned(),
@@ -51,9 +59,9 @@ return {
 });
 
 /// `BREAK`: deletes the lock key if it still holds `expected` (what the operator was shown),
-/// and any grant pending on it.
+/// and any grant pending on it and a reentrant lock's holds.
 ///
-/// - KEYS[1] lock, KEYS[2] grant
+/// - KEYS[1] lock, KEYS[2] grant, KEYS[3] reentrant holds
 /// - ARGV[1] expected value
 /// - Returns 1 when deleted, 0 when the key held something else (or nothing).
 static BREAK: LazyLock<Lua> = LazyLock::new(|| {
@@ -62,7 +70,7 @@ static BREAK: LazyLock<Lua> = LazyLock::new(|| {
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 return 1
 "
         .to_owned(),
@@ -79,16 +87,28 @@ impl Client {
 
     fn inspect_keys(&self, keys: &LockKeys) -> Result<LockInfo> {
         let backend = &self.inner.backend;
-        let call = Call::script(&INSPECT, &[&keys.lock, &keys.fence, &keys.queue], &[]);
+        let call = Call::script(
+            &INSPECT,
+            &[&keys.lock, &keys.fence, &keys.queue, &keys.holds],
+            &[],
+        );
         let replies = backend.run(
             &keys.lock,
             &[call],
             &backend.exec_on(backend.caller_lane(None)),
         )?;
         let value = replies.values.into_iter().next().unwrap_or(Value::Nil);
-        let (holder, pttl, fence, waiters): (Option<String>, i64, Option<String>, u64) =
-            reply(value)?;
+        type Inspected = (
+            Option<String>,
+            i64,
+            Option<String>,
+            u64,
+            Option<String>,
+            u64,
+        );
+        let (holder, pttl, fence, waiters, owner, holds): Inspected = reply(value)?;
         Ok(LockInfo {
+            reentrant: owner.map(|owner| (owner, holds)),
             key: keys.lock.clone(),
             remaining: (holder.is_some() && pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
             holder,
@@ -148,7 +168,7 @@ impl Client {
     pub fn break_lock(&self, name: &str, holder: &str) -> Result<()> {
         let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
         let backend = &self.inner.backend;
-        let call = Call::script(&BREAK, &[&keys.lock, &keys.grant], &[&holder]);
+        let call = Call::script(&BREAK, &[&keys.lock, &keys.grant, &keys.holds], &[&holder]);
         let replies = backend.run(
             &keys.lock,
             &[call],

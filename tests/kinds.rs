@@ -472,8 +472,14 @@ fn a_caller_supplied_owner_reenters_from_another_client() {
     assert_eq!(first.fencing_token(), second.fencing_token());
     let stranger = b.lock("job").reentrant_as("someone-else").try_acquire();
     assert_eq!(stranger.unwrap_err().kind(), ErrorKind::Busy);
+    let info = a.inspect("job").unwrap();
+    assert_eq!(info.reentrant, Some((owner.to_owned(), 2)), "{info:?}");
     first.release().unwrap();
     assert!(server.cmd::<bool>(&["EXISTS", "job"]), "one hold is left");
+    assert_eq!(
+        a.inspect("job").unwrap().reentrant,
+        Some((owner.to_owned(), 1))
+    );
     assert!(second.is_held());
     second.release().unwrap();
     assert!(!server.cmd::<bool>(&["EXISTS", "job"]));
