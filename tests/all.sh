@@ -16,11 +16,11 @@ cargo build --quiet
 step "the committed header is the one build.rs generates (scripts/header.sh --check)"
 bash scripts/header.sh --check
 step "cargo clippy"
-cargo clippy --quiet --all-targets -- -D warnings
+cargo clippy --quiet --workspace --all-targets -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
-step "cargo test (Rust and C tests)"
-cargo test
+step "cargo test (Rust and C tests, and the redlease command's)"
+cargo test --workspace
 
 step "demo (short run: 3 workers x 5 jobs)"
 cargo run --quiet --release --example demo -- 3 5
