@@ -30,6 +30,9 @@ const HEADER_TOP: &str = "\
  *   LOCK_OK.
  * - Handles (lock_client_t, lock_t) are integers from a generation-checked table, never
  *   pointers: a stale, released, closed, forged or zero handle gives LOCK_ERR_HANDLE.
+ * - A lock_t is one hold of any kind of lock: a mutex (lock_acquire), a permit of a
+ *   counting semaphore (lock_semaphore_acquire), a read or write hold of a read-write lock
+ *   (lock_rwlock_acquire). Every function that takes a lock_t takes each kind alike.
  * - All functions are thread-safe. Blocking calls block only the calling thread, for at
  *   most the client's timeouts (and the wait the caller asked for).
  * - Strings are NUL-terminated UTF-8 and are copied; the library keeps no pointer to

@@ -10,6 +10,9 @@
  *   LOCK_OK.
  * - Handles (lock_client_t, lock_t) are integers from a generation-checked table, never
  *   pointers: a stale, released, closed, forged or zero handle gives LOCK_ERR_HANDLE.
+ * - A lock_t is one hold of any kind of lock: a mutex (lock_acquire), a permit of a
+ *   counting semaphore (lock_semaphore_acquire), a read or write hold of a read-write lock
+ *   (lock_rwlock_acquire). Every function that takes a lock_t takes each kind alike.
  * - All functions are thread-safe. Blocking calls block only the calling thread, for at
  *   most the client's timeouts (and the wait the caller asked for).
  * - Strings are NUL-terminated UTF-8 and are copied; the library keeps no pointer to
@@ -62,6 +65,16 @@
 #define LOCK_LOST_UNREACHABLE 2
 
 /**
+ * `side` of `lock_rwlock_acquire`: a read hold, shared with other readers.
+ */
+#define LOCK_RW_READ 1
+
+/**
+ * `side` of `lock_rwlock_acquire`: the write hold, exclusive.
+ */
+#define LOCK_RW_WRITE 2
+
+/**
  * Room for any token with its terminating NUL.
  */
 #define LOCK_TOKEN_MAX 128
@@ -100,7 +113,8 @@
 #define LOCK_OK 0
 
 /**
- * Acquire: the wait ended while another owner held the lock.
+ * Acquire: the wait ended while another owner held the lock (for a semaphore: while no
+ * permit was free; for a read-write lock: while that side was unavailable).
  */
 #define LOCK_BUSY 1
 
@@ -120,7 +134,8 @@
 
 /**
  * A NULL pointer, an empty, over-long or reserved key, a ttl under 10 ms, bad UTF-8, a bad
- * URL or option.
+ * URL or option, a semaphore of 0 permits, an unknown read-write side, or a kind of lock
+ * other than a mutex asked of a Redlock client.
  * Nothing was sent to Redis.
  */
 #define LOCK_ERR_ARGUMENT -1
@@ -200,8 +215,14 @@ typedef struct lock_client_options_t {
 typedef uint64_t lock_client_t;
 
 /**
- * A lock handle: one held lock. 0 is never valid. May be used from any thread, also by
- * several at once; after `lock_release` every call on it gives `LOCK_ERR_HANDLE`.
+ * A lock handle: one hold of a lock, of any kind: a mutex (`lock_acquire`), a permit of a
+ * counting semaphore (`lock_semaphore_acquire`) or a read or write hold of a read-write
+ * lock (`lock_rwlock_acquire`). All come from the same generation-checked table, so every
+ * function that takes a `lock_t` (`lock_release`, `lock_extend`, `lock_is_held`,
+ * `lock_fencing_token`, `lock_token`, `lock_remaining_ms`, and the `lock_lost_cb`
+ * callback's argument) takes each kind alike, with the same meaning. 0 is never valid.
+ * May be used from any thread, also by several at once; after `lock_release` every call
+ * on it gives `LOCK_ERR_HANDLE`.
  */
 typedef uint64_t lock_t;
 
@@ -219,7 +240,8 @@ typedef void (*lock_lost_cb)(lock_t lock, int32_t reason, void *user_data);
 typedef uint64_t lock_cancel_t;
 
 /**
- * Called on the acquiring thread while a `lock_acquire_opts` blocks: when a signal
+ * Called on the acquiring thread while an acquire given it (`lock_acquire_opts`,
+ * `lock_semaphore_acquire`, `lock_rwlock_acquire`) blocks: when a signal
  * interrupts the wait, and also every 200 ms (a signal that arrives between two waits is
  * seen at the next check), with no argument saying which. So it should look at a flag of
  * its own (set by your signal handler) and return nonzero to cancel the acquire
@@ -272,6 +294,22 @@ typedef struct lock_acquire_options_t {
    * How long to wait for those acknowledgements, in ms. Default 1000.
    */
   uint64_t min_replicas_timeout_ms;
+  /**
+   * Take a mutex reentrantly: while its owner holds it, an acquire by the same owner
+   * succeeds at once with one more hold (a handle of its own, to release like any
+   * other); the lock is released with the last hold. All holds share one lease, one
+   * renewal and the first hold's fencing token. Default false. Not for semaphores or
+   * read-write locks (`LOCK_ERR_ARGUMENT`).
+   */
+  bool reentrant;
+  /**
+   * The reentrant owner. NULL (the default): the calling thread, and only that thread
+   * may release the holds (`lock_release` from another thread is `LOCK_NOT_HELD` and
+   * leaves the handle valid). Otherwise a NUL-terminated UTF-8 string of 1 to 256 bytes,
+   * copied, shared by every thread, process and host that acquires with it: it must be
+   * unique to its holder everywhere (include a UUID drawn once per owner).
+   */
+  const char *owner;
 } lock_acquire_options_t;
 
 /**
@@ -335,8 +373,8 @@ int32_t lock_client_open_redlock(const char *const *urls,
 /**
  * Closes a client. Every lock still held from it is released first (renewal stopped,
  * release sent; errors ignored) and its handle becomes invalid. Blocks for those releases.
- * A `lock_acquire` still running on another thread when the client closes may yet
- * succeed; release that lock with `lock_release`.
+ * An acquire (of any kind) still running on another thread when the client closes may
+ * yet succeed; release that lock with `lock_release`.
  * Errors: `LOCK_ERR_HANDLE` for an unknown or already closed client.
  */
 int32_t lock_client_close(lock_client_t client);
@@ -382,8 +420,66 @@ int32_t lock_acquire_opts(lock_client_t client,
                           lock_t *out_lock);
 
 /**
+ * Acquires one permit of the counting semaphore `name`, which lets at most `permits`
+ * holders in at once, for `ttl_ms`, renewed while held (unless `opts` says otherwise).
+ * Blocking.
+ *
+ * The permit is an ordinary `lock_t`: give it back with `lock_release`, and use it with
+ * every function that takes a `lock_t` (`lock_extend`, `lock_is_held`,
+ * `lock_fencing_token`, `lock_token`, `lock_remaining_ms`); it has its own lease, lost
+ * signal (`opts->on_lost`) and fencing token (increasing per name, over all its permits).
+ * A crashed holder's permit frees itself after its ttl, by the server's clock. Every
+ * caller of one name should pass the same `permits`: a caller passing more may take
+ * permits beyond a smaller count. A release wakes one waiter, which then tries again (no
+ * order among a semaphore's waiters).
+ *
+ * `wait_ms`, `opts` (NULL for the defaults) and `*out_lock` as in `lock_acquire_opts`.
+ * Results as there, and: `LOCK_BUSY` when no permit was free when the wait ended;
+ * `LOCK_ERR_ARGUMENT` for `permits` 0 or a Redlock client (it takes mutexes only), nothing
+ * sent; `LOCK_ERR_REDIS` when `name` is in use by another kind of lock (a mutex or a
+ * read-write lock; `lock_last_error` says so) or for another server error.
+ */
+int32_t lock_semaphore_acquire(lock_client_t client,
+                               const char *name,
+                               uint32_t permits,
+                               uint64_t ttl_ms,
+                               uint64_t wait_ms,
+                               const struct lock_acquire_options_t *opts,
+                               lock_t *out_lock);
+
+/**
+ * Acquires a hold of the read-write lock `name`: `side` `LOCK_RW_READ` for a read hold
+ * (shared with other readers) or `LOCK_RW_WRITE` for the write hold (exclusive: no reader
+ * and no other writer), for `ttl_ms`, renewed while held (unless `opts` says otherwise).
+ * Blocking. A waiting writer keeps new readers out, so a stream of readers cannot starve
+ * it.
+ *
+ * The hold is an ordinary `lock_t`: give it back with `lock_release`, and use it with every
+ * function that takes a `lock_t`; each reader's lease, like the writer's, is its own,
+ * token-checked and renewed, with its own fencing token.
+ *
+ * `wait_ms`, `opts` (NULL for the defaults) and `*out_lock` as in `lock_acquire_opts`.
+ * Results as there, and: `LOCK_BUSY` when that side was still unavailable when the wait
+ * ended (a writer holds or waits, for a reader; anyone holds, for a writer);
+ * `LOCK_ERR_ARGUMENT` for a `side` other than `LOCK_RW_READ` and `LOCK_RW_WRITE` or a
+ * Redlock client (it takes mutexes only), nothing sent; `LOCK_ERR_REDIS` when `name` is in
+ * use by another kind of lock (a mutex or a semaphore; `lock_last_error` says so) or for
+ * another server error.
+ */
+int32_t lock_rwlock_acquire(lock_client_t client,
+                            const char *name,
+                            int32_t side,
+                            uint64_t ttl_ms,
+                            uint64_t wait_ms,
+                            const struct lock_acquire_options_t *opts,
+                            lock_t *out_lock);
+
+/**
  * Stops renewal, then releases the lock if the key still holds its token. Blocking (one
- * round trip). The handle is spent whatever the result.
+ * round trip). The handle is spent whatever the result, except in one case: a hold of a
+ * reentrant lock taken for the calling thread (`opts->reentrant` without an owner) may
+ * only be released by that thread; from another, `LOCK_NOT_HELD` and nothing changes.
+ * A reentrant lock is released with its last hold (the others give back one hold each).
  *
  * Results: `LOCK_OK` when the lock was held without a break up to the release;
  * `LOCK_NOT_HELD` when the lease had already ended or the lock had been lost (part of the
@@ -444,7 +540,8 @@ int32_t lock_is_locked(lock_client_t client, const char *key, bool *out_locked);
 int32_t lock_cancel_new(lock_cancel_t *out_cancel);
 
 /**
- * Cancels: every `lock_acquire_opts` given this handle that is waiting returns
+ * Cancels: every acquire given this handle (`lock_acquire_opts`,
+ * `lock_semaphore_acquire`, `lock_rwlock_acquire`) that is waiting returns
  * `LOCK_CANCELLED` promptly, holding nothing; one given it later with `wait_ms` > 0 returns
  * `LOCK_CANCELLED` at once, without trying (a try-once acquire ignores it). Does not
  * block. Not async-signal-safe (it looks the handle up under a mutex): from a signal

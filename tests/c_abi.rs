@@ -117,10 +117,12 @@ fn the_header_compiles_as_c99_and_as_cpp() {
 /// - test_abi.c: the calls, handles, errors, callbacks, threads, and option structs of older
 ///   headers (the ABI can grow);
 /// - test_signals.c: signals never end a call, cancel handles, `lock_cancel_all` from a
-///   SIGTERM handler, the `on_interrupt` callback.
+///   SIGTERM handler, the `on_interrupt` callback;
+/// - test_kinds.c: semaphores and read-write locks, whose holds are ordinary lock handles.
 const C_TESTS: &[&str] = &[
     "bindings/c/tests/test_abi.c",
     "bindings/c/tests/test_signals.c",
+    "bindings/c/tests/test_kinds.c",
 ];
 
 fn stem(source: &str) -> &str {

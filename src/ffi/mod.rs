@@ -26,14 +26,20 @@ pub use self::status::{
     LOCK_BUSY, LOCK_CANCELLED, LOCK_ERR_ARGUMENT, LOCK_ERR_CONNECTION, LOCK_ERR_HANDLE,
     LOCK_ERR_INTERNAL, LOCK_ERR_REDIS, LOCK_ERR_REPLICATION, LOCK_NOT_HELD, LOCK_OK,
 };
-use crate::{CancelToken, Client, ClientOptions, LockGuard, LostReason};
+use crate::{CancelToken, Client, ClientOptions, LockBuilder, LockGuard, LostReason};
 
 /// A client handle: one Redis server (URL) and its connections. 0 is never valid.
 /// Thread-safe: one client may be used by many threads at once.
 pub type lock_client_t = u64;
 
-/// A lock handle: one held lock. 0 is never valid. May be used from any thread, also by
-/// several at once; after `lock_release` every call on it gives `LOCK_ERR_HANDLE`.
+/// A lock handle: one hold of a lock, of any kind: a mutex (`lock_acquire`), a permit of a
+/// counting semaphore (`lock_semaphore_acquire`) or a read or write hold of a read-write
+/// lock (`lock_rwlock_acquire`). All come from the same generation-checked table, so every
+/// function that takes a `lock_t` (`lock_release`, `lock_extend`, `lock_is_held`,
+/// `lock_fencing_token`, `lock_token`, `lock_remaining_ms`, and the `lock_lost_cb`
+/// callback's argument) takes each kind alike, with the same meaning. 0 is never valid.
+/// May be used from any thread, also by several at once; after `lock_release` every call
+/// on it gives `LOCK_ERR_HANDLE`.
 pub type lock_t = u64;
 
 /// A cancel handle: cancels the blocked acquires it was given to (see `lock_cancel_new`).
@@ -52,7 +58,8 @@ pub const LOCK_LOST_UNREACHABLE: i32 = 2;
 pub type lock_lost_cb =
     Option<unsafe extern "C" fn(lock: lock_t, reason: i32, user_data: *mut c_void)>;
 
-/// Called on the acquiring thread while a `lock_acquire_opts` blocks: when a signal
+/// Called on the acquiring thread while an acquire given it (`lock_acquire_opts`,
+/// `lock_semaphore_acquire`, `lock_rwlock_acquire`) blocks: when a signal
 /// interrupts the wait, and also every 200 ms (a signal that arrives between two waits is
 /// seen at the next check), with no argument saying which. So it should look at a flag of
 /// its own (set by your signal handler) and return nonzero to cancel the acquire
@@ -113,11 +120,25 @@ pub struct lock_acquire_options_t {
     pub min_replicas: u32,
     /// How long to wait for those acknowledgements, in ms. Default 1000.
     pub min_replicas_timeout_ms: u64,
+    /// Take a mutex reentrantly: while its owner holds it, an acquire by the same owner
+    /// succeeds at once with one more hold (a handle of its own, to release like any
+    /// other); the lock is released with the last hold. All holds share one lease, one
+    /// renewal and the first hold's fencing token. Default false. Not for semaphores or
+    /// read-write locks (`LOCK_ERR_ARGUMENT`).
+    pub reentrant: bool,
+    /// The reentrant owner. NULL (the default): the calling thread, and only that thread
+    /// may release the holds (`lock_release` from another thread is `LOCK_NOT_HELD` and
+    /// leaves the handle valid). Otherwise a NUL-terminated UTF-8 string of 1 to 256 bytes,
+    /// copied, shared by every thread, process and host that acquires with it: it must be
+    /// unique to its holder everywhere (include a UUID drawn once per owner).
+    pub owner: *const c_char,
 }
 
 struct LockEntry {
     client: lock_client_t,
     guard: LockGuard,
+    /// The thread that owns this hold of a reentrant lock taken for the calling thread.
+    owner_thread: Option<std::thread::ThreadId>,
 }
 
 static CLIENTS: HandleTable<Client> = HandleTable::new(Kind::Client);
@@ -223,6 +244,8 @@ fn acquire_options_sizes() -> Vec<usize> {
         end(offset_of!(T, interrupt_user_data), size_of::<usize>()),
         end(offset_of!(T, min_replicas), size_of::<u32>()),
         end(offset_of!(T, min_replicas_timeout_ms), size_of::<u64>()),
+        end(offset_of!(T, reentrant), size_of::<bool>()),
+        end(offset_of!(T, owner), size_of::<usize>()),
     ]
 }
 
@@ -251,6 +274,8 @@ fn default_acquire_options() -> lock_acquire_options_t {
         interrupt_user_data: std::ptr::null_mut(),
         min_replicas: 0,
         min_replicas_timeout_ms: 1000,
+        reentrant: false,
+        owner: std::ptr::null(),
     }
 }
 
@@ -397,8 +422,8 @@ pub unsafe extern "C" fn lock_client_open_redlock(
 
 /// Closes a client. Every lock still held from it is released first (renewal stopped,
 /// release sent; errors ignored) and its handle becomes invalid. Blocks for those releases.
-/// A `lock_acquire` still running on another thread when the client closes may yet
-/// succeed; release that lock with `lock_release`.
+/// An acquire (of any kind) still running on another thread when the client closes may
+/// yet succeed; release that lock with `lock_release`.
 /// Errors: `LOCK_ERR_HANDLE` for an unknown or already closed client.
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_client_close(client: lock_client_t) -> i32 {
@@ -474,20 +499,157 @@ pub unsafe extern "C" fn lock_acquire_opts(
     opts: *const lock_acquire_options_t,
     out_lock: *mut lock_t,
 ) -> i32 {
+    let hold = AcquireArgs {
+        client,
+        name: key,
+        ttl_ms,
+        wait_ms,
+        opts,
+        out_lock,
+    };
+    // SAFETY: the pointers are NULL or valid as this function's contract says, which is
+    // the one `AcquireArgs::run` needs.
+    boundary(|| unsafe { hold.run("key", |client, key| client.lock(key)) })
+}
+
+/// `side` of `lock_rwlock_acquire`: a read hold, shared with other readers.
+pub const LOCK_RW_READ: i32 = 1;
+/// `side` of `lock_rwlock_acquire`: the write hold, exclusive.
+pub const LOCK_RW_WRITE: i32 = 2;
+
+/// Acquires one permit of the counting semaphore `name`, which lets at most `permits`
+/// holders in at once, for `ttl_ms`, renewed while held (unless `opts` says otherwise).
+/// Blocking.
+///
+/// The permit is an ordinary `lock_t`: give it back with `lock_release`, and use it with
+/// every function that takes a `lock_t` (`lock_extend`, `lock_is_held`,
+/// `lock_fencing_token`, `lock_token`, `lock_remaining_ms`); it has its own lease, lost
+/// signal (`opts->on_lost`) and fencing token (increasing per name, over all its permits).
+/// A crashed holder's permit frees itself after its ttl, by the server's clock. Every
+/// caller of one name should pass the same `permits`: a caller passing more may take
+/// permits beyond a smaller count. A release wakes one waiter, which then tries again (no
+/// order among a semaphore's waiters).
+///
+/// `wait_ms`, `opts` (NULL for the defaults) and `*out_lock` as in `lock_acquire_opts`.
+/// Results as there, and: `LOCK_BUSY` when no permit was free when the wait ended;
+/// `LOCK_ERR_ARGUMENT` for `permits` 0 or a Redlock client (it takes mutexes only), nothing
+/// sent; `LOCK_ERR_REDIS` when `name` is in use by another kind of lock (a mutex or a
+/// read-write lock; `lock_last_error` says so) or for another server error.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lock_semaphore_acquire(
+    client: lock_client_t,
+    name: *const c_char,
+    permits: u32,
+    ttl_ms: u64,
+    wait_ms: u64,
+    opts: *const lock_acquire_options_t,
+    out_lock: *mut lock_t,
+) -> i32 {
+    let hold = AcquireArgs {
+        client,
+        name,
+        ttl_ms,
+        wait_ms,
+        opts,
+        out_lock,
+    };
+    // SAFETY: as in lock_acquire_opts: this function's contract is that one.
+    boundary(|| unsafe { hold.run("name", |client, name| client.semaphore(name, permits)) })
+}
+
+/// Acquires a hold of the read-write lock `name`: `side` `LOCK_RW_READ` for a read hold
+/// (shared with other readers) or `LOCK_RW_WRITE` for the write hold (exclusive: no reader
+/// and no other writer), for `ttl_ms`, renewed while held (unless `opts` says otherwise).
+/// Blocking. A waiting writer keeps new readers out, so a stream of readers cannot starve
+/// it.
+///
+/// The hold is an ordinary `lock_t`: give it back with `lock_release`, and use it with every
+/// function that takes a `lock_t`; each reader's lease, like the writer's, is its own,
+/// token-checked and renewed, with its own fencing token.
+///
+/// `wait_ms`, `opts` (NULL for the defaults) and `*out_lock` as in `lock_acquire_opts`.
+/// Results as there, and: `LOCK_BUSY` when that side was still unavailable when the wait
+/// ended (a writer holds or waits, for a reader; anyone holds, for a writer);
+/// `LOCK_ERR_ARGUMENT` for a `side` other than `LOCK_RW_READ` and `LOCK_RW_WRITE` or a
+/// Redlock client (it takes mutexes only), nothing sent; `LOCK_ERR_REDIS` when `name` is in
+/// use by another kind of lock (a mutex or a semaphore; `lock_last_error` says so) or for
+/// another server error.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lock_rwlock_acquire(
+    client: lock_client_t,
+    name: *const c_char,
+    side: i32,
+    ttl_ms: u64,
+    wait_ms: u64,
+    opts: *const lock_acquire_options_t,
+    out_lock: *mut lock_t,
+) -> i32 {
+    let hold = AcquireArgs {
+        client,
+        name,
+        ttl_ms,
+        wait_ms,
+        opts,
+        out_lock,
+    };
     boundary(|| {
-        // SAFETY: `key` is NULL or NUL-terminated and outlives this call (the caller's
+        let write = match side {
+            LOCK_RW_READ => false,
+            LOCK_RW_WRITE => true,
+            other => {
+                return Err(Failure::argument(format!(
+                    "side {other} is neither LOCK_RW_READ (1) nor LOCK_RW_WRITE (2)"
+                )));
+            }
+        };
+        // SAFETY: as in lock_acquire_opts: this function's contract is that one.
+        unsafe {
+            hold.run("name", |client, name| {
+                let rwlock = client.rwlock(name);
+                if write { rwlock.write() } else { rwlock.read() }
+            })
+        }
+    })
+}
+
+/// The arguments every acquire function shares, whatever the kind of lock.
+struct AcquireArgs {
+    client: lock_client_t,
+    name: *const c_char,
+    ttl_ms: u64,
+    wait_ms: u64,
+    opts: *const lock_acquire_options_t,
+    out_lock: *mut lock_t,
+}
+
+impl AcquireArgs {
+    /// The one body of the acquire functions: converts the arguments, lets `describe`
+    /// start the builder of the hold's kind on the client and name (`what` names the name
+    /// argument in messages), applies the options and the wait convention (0: try once;
+    /// `UINT64_MAX`: wait as long as it takes), and writes the new handle.
+    ///
+    /// # Safety
+    /// `name` is NULL or NUL-terminated and outlives this call; `opts` is NULL or filled by
+    /// `lock_acquire_options_init` (at least `opts->size` readable bytes); `out_lock` is
+    /// NULL or writable.
+    unsafe fn run(
+        self,
+        what: &str,
+        describe: impl for<'a> FnOnce(&'a Client, &'a str) -> LockBuilder<'a>,
+    ) -> Result<(), Failure> {
+        // SAFETY: `name` is NULL or NUL-terminated and outlives this call (this function's
         // contract).
-        let key = unsafe { str_arg(key, "key") }?;
-        // SAFETY: `out_lock` is NULL or writable (the caller's contract).
-        let out = unsafe { Out::new(out_lock, "out_lock") }?;
-        let opts = if opts.is_null() {
+        let name = unsafe { str_arg(self.name, what) }?;
+        // SAFETY: `out_lock` is NULL or writable (this function's contract).
+        let out = unsafe { Out::new(self.out_lock, "out_lock") }?;
+        let opts = if self.opts.is_null() {
             default_acquire_options()
         } else {
-            // SAFETY: non-NULL and filled by lock_acquire_options_init (the caller's
+            // SAFETY: non-NULL and filled by lock_acquire_options_init (this function's
             // contract); read_sized checks the size.
             unsafe {
                 read_sized(
-                    opts,
+                    self.opts,
                     default_acquire_options(),
                     &acquire_options_sizes(),
                     "opts",
@@ -502,10 +664,17 @@ pub unsafe extern "C" fn lock_acquire_opts(
                     .ok_or_else(|| Failure::handle("cancel"))?,
             ),
         };
-        let client_handle = client;
-        let client = self::client(client)?;
+        // SAFETY: `opts->owner` is NULL or NUL-terminated and outlives this call (the
+        // caller's contract, as documented on the field).
+        let owner = unsafe { opt_str_arg(opts.owner, "owner") }?;
+        let owner_thread = (opts.reentrant && owner.is_none()).then(|| std::thread::current().id());
+        let client_handle = self.client;
+        let client = self::client(self.client)?;
+        let (ttl_ms, wait_ms) = (self.ttl_ms, self.wait_ms);
         let handle = LOCKS.insert_with(|handle| -> Result<LockEntry, Failure> {
-            let mut builder = client.lock(key).ttl(millis(ttl_ms)).renew(opts.renew);
+            let mut builder = describe(&client, name)
+                .ttl(millis(ttl_ms))
+                .renew(opts.renew);
             if let Some(callback) = opts.on_lost {
                 let user_data = UserData(opts.user_data);
                 builder = builder.on_lost(move |reason| {
@@ -525,6 +694,12 @@ pub unsafe extern "C" fn lock_acquire_opts(
                 builder =
                     builder.min_replicas(opts.min_replicas, millis(opts.min_replicas_timeout_ms));
             }
+            if opts.reentrant {
+                builder = match owner {
+                    Some(owner) => builder.reentrant_as(owner),
+                    None => builder.reentrant(),
+                };
+            }
             if let Some(hook) = opts.on_interrupt {
                 let user_data = UserData(opts.interrupt_user_data);
                 // SAFETY: the caller promised a callable function; it runs on this thread,
@@ -539,11 +714,12 @@ pub unsafe extern "C" fn lock_acquire_opts(
             Ok(LockEntry {
                 client: client_handle,
                 guard,
+                owner_thread,
             })
         })?;
         out.write(handle);
         Ok(())
-    })
+    }
 }
 
 /// The caller's `user_data`, handed to the callback on the renewal thread.
@@ -561,7 +737,10 @@ impl UserData {
 }
 
 /// Stops renewal, then releases the lock if the key still holds its token. Blocking (one
-/// round trip). The handle is spent whatever the result.
+/// round trip). The handle is spent whatever the result, except in one case: a hold of a
+/// reentrant lock taken for the calling thread (`opts->reentrant` without an owner) may
+/// only be released by that thread; from another, `LOCK_NOT_HELD` and nothing changes.
+/// A reentrant lock is released with its last hold (the others give back one hold each).
 ///
 /// Results: `LOCK_OK` when the lock was held without a break up to the release;
 /// `LOCK_NOT_HELD` when the lease had already ended or the lock had been lost (part of the
@@ -571,6 +750,20 @@ impl UserData {
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_release(lock: lock_t) -> i32 {
     boundary(|| {
+        let entry = LOCKS.get(lock).ok_or_else(|| Failure::handle("lock"))?;
+        if entry
+            .owner_thread
+            .is_some_and(|owner| owner != std::thread::current().id())
+        {
+            return Err(Failure::new(
+                LOCK_NOT_HELD,
+                format!(
+                    "lock {:?}: this hold belongs to the thread that acquired it; another \
+                     thread may not release it",
+                    entry.guard.key()
+                ),
+            ));
+        }
         let entry = LOCKS.remove(lock).ok_or_else(|| Failure::handle("lock"))?;
         entry.guard.release_shared()?;
         Ok(())
@@ -681,7 +874,8 @@ pub unsafe extern "C" fn lock_cancel_new(out_cancel: *mut lock_cancel_t) -> i32 
     })
 }
 
-/// Cancels: every `lock_acquire_opts` given this handle that is waiting returns
+/// Cancels: every acquire given this handle (`lock_acquire_opts`,
+/// `lock_semaphore_acquire`, `lock_rwlock_acquire`) that is waiting returns
 /// `LOCK_CANCELLED` promptly, holding nothing; one given it later with `wait_ms` > 0 returns
 /// `LOCK_CANCELLED` at once, without trying (a try-once acquire ignores it). Does not
 /// block. Not async-signal-safe (it looks the handle up under a mutex): from a signal

@@ -8,7 +8,8 @@ use crate::error::{Error, ErrorKind};
 
 /// Done.
 pub const LOCK_OK: i32 = 0;
-/// Acquire: the wait ended while another owner held the lock.
+/// Acquire: the wait ended while another owner held the lock (for a semaphore: while no
+/// permit was free; for a read-write lock: while that side was unavailable).
 pub const LOCK_BUSY: i32 = 1;
 /// Release or extend: the key no longer holds this lock's token (the lease ended or another
 /// owner took it), or the lock was already lost (a loss is final, even while the key still
@@ -19,7 +20,8 @@ pub const LOCK_NOT_HELD: i32 = 2;
 /// interrupt callback that asked for it); never by a stray signal. Nothing is held.
 pub const LOCK_CANCELLED: i32 = 3;
 /// A NULL pointer, an empty, over-long or reserved key, a ttl under 10 ms, bad UTF-8, a bad
-/// URL or option.
+/// URL or option, a semaphore of 0 permits, an unknown read-write side, or a kind of lock
+/// other than a mutex asked of a Redlock client.
 /// Nothing was sent to Redis.
 pub const LOCK_ERR_ARGUMENT: i32 = -1;
 /// An unknown, released or closed handle.

@@ -12,6 +12,11 @@ contend for the same locks with exactly the same semantics::
     lk = client.acquire("lock:order:1001", ttl=30.0, wait=0.0)   # raises LockBusyError
     lk.release()   # True: released; False: it had already been lost
 
+    with client.semaphore("api:partner", 5).acquire(ttl=10.0) as permit:   # at most 5 at once
+        ...
+    with client.rwlock("catalog").read(ttl=10.0, wait=5.0) as reading:    # many readers
+        ...
+
     async with client.lock_async("lock:order:1001", wait=5.0) as lk:   # asyncio
         ...
     client.close()
@@ -31,7 +36,7 @@ folders (never the current directory's).
 
 from ._async import AsyncLock
 from ._cancel import CancelToken, cancel_all, reset_cancel_all
-from ._client import LOST_REASONS, Client, Lock
+from ._client import LOST_REASONS, Client, Lock, RwLock, Semaphore
 from ._errors import (
     InternalError,
     InvalidArgumentError,
@@ -52,6 +57,8 @@ __version__ = "0.2.0"
 __all__ = [
     "Client",
     "Lock",
+    "Semaphore",
+    "RwLock",
     "AsyncLock",
     "CancelToken",
     "cancel_all",

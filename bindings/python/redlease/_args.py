@@ -116,6 +116,13 @@ def positive_int(value: object, what: str, limit: int) -> int:
     return int(value)
 
 
+def uint32(value: object, what: str) -> int:
+    """An int from 0 to 2**32 - 1 (not bool), such as a semaphore's permits."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+        raise InvalidArgumentError(f"{what} must be an int from 0 to 2**32 - 1, got {value!r}")
+    return int(value)
+
+
 def min_replicas(value: object) -> Optional[Tuple[int, int]]:
     """``(count, timeout_seconds)`` as ``(count, timeout_ms)``; ``None`` (or a count of 0) for
     no replica acknowledgement."""

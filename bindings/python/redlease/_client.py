@@ -16,7 +16,7 @@ from ctypes import c_char_p, byref, c_bool, c_int, c_uint64
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
-from . import _args, _native
+from . import _args, _kinds, _native
 from ._args import Key
 from ._cancel import CancelToken, is_cancelled
 from ._errors import (
@@ -27,6 +27,7 @@ from ._errors import (
     LockCancelledError,
     LockNotHeldError,
 )
+from ._kinds import MUTEX, Kind
 from ._native import LOCK_TOKEN_MAX, UINT64_MAX, lib
 
 if TYPE_CHECKING:
@@ -278,6 +279,8 @@ class Client:
         on_lost: Optional[LostHandler] = None,
         cancel: Optional[CancelToken] = None,
         min_replicas: Optional[Tuple[int, float]] = None,
+        reentrant: bool = False,
+        owner: Optional[str] = None,
     ) -> "Lock":
         """A lock on ``key``, not yet acquired: use it in a ``with`` block (which acquires,
         waiting up to ``wait`` seconds, or as long as it takes for ``None``) or call
@@ -286,10 +289,22 @@ class Client:
         renewal thread if the lock is lost. ``cancel.cancel()`` ends a blocked acquire.
         ``min_replicas=(n, timeout_seconds)``: ``n`` replicas must acknowledge the acquire
         and every extend (``WAIT``); too few roll the acquire back (:class:`ReplicationError`).
+        ``reentrant=True``: the thread that holds it may acquire it again (see
+        :class:`Lock`); ``owner="..."`` makes that owner, not the thread, the one that may
+        (unique on every host: include a UUID).
 
         Does not block. Raises :class:`InvalidArgumentError` for a bad argument."""
         return Lock(
-            self, key, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel, min_replicas=min_replicas
+            self,
+            key,
+            ttl,
+            wait,
+            renew=renew,
+            on_lost=on_lost,
+            cancel=cancel,
+            min_replicas=min_replicas,
+            reentrant=reentrant,
+            owner=owner,
         )
 
     def acquire(
@@ -302,6 +317,8 @@ class Client:
         on_lost: Optional[LostHandler] = None,
         cancel: Optional[CancelToken] = None,
         min_replicas: Optional[Tuple[int, float]] = None,
+        reentrant: bool = False,
+        owner: Optional[str] = None,
     ) -> "Lock":
         """Acquires ``key`` and returns the held :class:`Lock`. Blocks up to ``wait`` seconds
         (0: try once; ``None``: as long as it takes) without holding the GIL; Ctrl-C on the
@@ -311,9 +328,19 @@ class Client:
         :class:`LockCancelledError` when cancelled, ``KeyboardInterrupt`` on Ctrl-C (nothing
         is held after any of these), :class:`InvalidArgumentError` for a bad argument
         (``ttl`` under 0.01 s, a key beginning with ``redlease:``, ...),
-        :class:`RedisConnectionError` or :class:`RedisServerError`."""
+        :class:`RedisConnectionError` or :class:`RedisServerError`. With ``reentrant=True``
+        each call from the thread (or ``owner``) that holds ``key`` returns a new
+        :class:`Lock` with one more hold, at once; the key is released with the last."""
         return self.lock(
-            key, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel, min_replicas=min_replicas
+            key,
+            ttl,
+            wait,
+            renew=renew,
+            on_lost=on_lost,
+            cancel=cancel,
+            min_replicas=min_replicas,
+            reentrant=reentrant,
+            owner=owner,
         ).acquire()
 
     def lock_async(
@@ -349,6 +376,26 @@ class Client:
         return await self.lock_async(
             key, ttl, wait, renew=renew, on_lost=on_lost, min_replicas=min_replicas
         ).acquire()
+
+    def semaphore(self, name: Key, permits: int) -> "Semaphore":
+        """The counting semaphore ``name``, which lets at most ``permits`` holders in at
+        once: :meth:`Semaphore.acquire` takes a permit, a :class:`Lock` of its own (lease,
+        renewal, lost signal, fencing token). Every user of one name should pass the same
+        ``permits``. Not on a Redlock client (its acquires raise
+        :class:`InvalidArgumentError`).
+
+        Does not block. Raises :class:`InvalidArgumentError` for a bad name or a
+        ``permits`` that is not an int from 0 to 2**32 - 1 (0 is refused by
+        :meth:`Semaphore.acquire`)."""
+        return Semaphore(self, name, permits)
+
+    def rwlock(self, name: Key) -> "RwLock":
+        """The read-write lock ``name``: many readers or one writer.
+        :meth:`RwLock.read` and :meth:`RwLock.write` describe a hold, a :class:`Lock` to use
+        in a ``with`` block or to :meth:`Lock.acquire`. Not on a Redlock client.
+
+        Does not block. Raises :class:`InvalidArgumentError` for a bad name."""
+        return RwLock(self, name)
 
     def is_locked(self, key: Key) -> bool:
         """Whether anyone holds ``key`` right now. Blocks for one round trip."""
@@ -395,7 +442,9 @@ class Client:
 
 class Lock:
     """A lock on one key. Created by :meth:`Client.lock` (not acquired) or
-    :meth:`Client.acquire` (held).
+    :meth:`Client.acquire` (held); also a permit of a semaphore
+    (:meth:`Semaphore.acquire`, held) and a hold of a read-write lock (:meth:`RwLock.read`
+    and :meth:`RwLock.write`, not acquired), which behave the same in every other way.
 
     Thread-safe, with the semantics of :class:`threading.Lock`: the object has at most one
     holding at a time. While one thread holds it, another thread's :meth:`acquire` (or
@@ -404,11 +453,23 @@ class Lock:
     thread made it. Acquiring again from the thread that holds it raises
     :class:`InvalidArgumentError` (it would wait for itself).
 
-    A ``with`` block acquires on entry and releases on exit. Leaving the block normally
-    when the lock was lost meanwhile raises :class:`LockNotHeldError`, because the block
-    ran (partly) unprotected; when the block raised, its exception goes through unchanged
-    and a failed release is logged to the ``redlease`` logger. A Lock garbage-collected
-    while held is released.
+    With ``reentrant=True`` (a mutex only) the object is like :class:`threading.RLock`:
+    the thread that holds it may acquire it again (``with lk:`` inside ``with lk:``), each
+    acquire adding a hold at once and each :meth:`release` giving one back, the key being
+    released with the last; another thread's :meth:`release` raises
+    :class:`LockNotHeldError` and changes nothing. Every hold shares one lease, one renewal
+    and the first hold's fencing token, on the server too: :meth:`Client.acquire` with
+    ``reentrant=True`` from the same thread, on any Lock object of the same client or
+    another, adds a hold rather than waiting. With ``owner="..."`` the holds belong to that
+    owner instead of the thread: any thread, process or host acquiring with it adds one.
+
+    A ``with`` block acquires on entry and releases on exit; on a Lock this thread has just
+    acquired with :meth:`acquire` (``with client.acquire(key) as lk:``,
+    ``with sem.acquire() as permit:``) it takes that holding over instead, and releases it
+    on exit. Leaving the block normally when the lock was lost meanwhile raises
+    :class:`LockNotHeldError`, because the block ran (partly) unprotected; when the block
+    raised, its exception goes through unchanged and a failed release is logged to the
+    ``redlease`` logger. A Lock garbage-collected while held is released.
     """
 
     def __init__(
@@ -422,9 +483,26 @@ class Lock:
         on_lost: Optional[LostHandler] = None,
         cancel: Optional[CancelToken] = None,
         min_replicas: Optional[Tuple[int, float]] = None,
+        kind: Kind = MUTEX,
+        reentrant: bool = False,
+        owner: Optional[str] = None,
     ) -> None:
         self._handle = 0
+        if not isinstance(reentrant, bool):
+            raise InvalidArgumentError("reentrant must be a bool")
+        if owner is not None and not reentrant:
+            raise InvalidArgumentError("owner is for a reentrant lock: pass reentrant=True too")
+        self._reentrant = reentrant
+        # The owner's name as the library takes it (None: the thread that acquires).
+        if owner is not None and not isinstance(owner, str):
+            raise InvalidArgumentError(f"owner must be a str, not {type(owner).__name__}")
+        self._owner_name = None if owner is None else _args.utf8(owner, "owner")
+        # Handles of the holds added by re-acquiring while held (a reentrant lock), last
+        # on top; the first hold is _handle.
+        self._reentries: List[int] = []
         self._client = client
+        # What the object holds: a mutex, a permit, a side of a read-write lock (_kinds).
+        self._kind = kind
         self._min_replicas = _args.min_replicas(min_replicas)
         self._key = _args.key_bytes(key)
         self._ttl_ms = _args.duration_ms(ttl, "ttl")
@@ -448,6 +526,9 @@ class Lock:
         self._fencing_token: Optional[int] = None
         self._token: Optional[str] = None
         self._lost_event: Optional[threading.Event] = None
+        # The current holding was made by acquire() and may be taken over by a with block
+        # (only the owner reads or sets it).
+        self._with_may_take_over = False
         #: ``"not_held"`` or ``"unreachable"`` once the current (or last) holding is lost.
         self.lost_reason: Optional[str] = None
 
@@ -488,7 +569,9 @@ class Lock:
         signal handler raised) when interrupted; nothing is held after any of these.
         :class:`InvalidArgumentError` when this thread already holds it; connection and
         server errors as :meth:`Client.acquire`."""
-        return self._acquire(cancel or self._cancel, threading.get_ident())
+        self._acquire(cancel or self._cancel, threading.get_ident())
+        self._with_may_take_over = True
+        return self
 
     def _acquire(self, cancel: Optional[CancelToken], owner: object) -> "Lock":
         """Acquires for ``owner`` (a thread id, or an asyncio task) with ``cancel``.
@@ -497,10 +580,12 @@ class Lock:
         right after the C call returned, leaves nothing held: a handle written by the
         library is released again, and the gate is given back."""
         started = time.monotonic()
+        if self._reentrant and self._handle and self._owner == owner:
+            return self._reenter(cancel)
         self._enter_gate(started, cancel, owner)
         out = _native.lock_t()
         try:
-            opts = _native.acquire_options()
+            opts = self._options(cancel)
             opts.renew = self._renew
             opts.on_lost = _on_lost_from_c
             if self._min_replicas is not None:
@@ -517,7 +602,7 @@ class Lock:
                     opts.on_interrupt = catcher.callback
                 if catcher is None or catcher.exception is None:
                     client = self._client.handle
-                    status = lib.lock_acquire_opts(
+                    status = self._kind.take(
                         client, self._key, self._ttl_ms, wait_ms, byref(opts), byref(out)
                     )
             finally:
@@ -540,6 +625,35 @@ class Lock:
             raise
         return self
 
+    def _options(self, cancel: Optional[CancelToken]) -> "_native.AcquireOptions":
+        """The acquire options every acquire of this object passes."""
+        opts = _native.acquire_options()
+        opts.reentrant = self._reentrant
+        opts.owner = self._owner_name
+        return opts
+
+    def _reenter(self, cancel: Optional[CancelToken]) -> "Lock":
+        """One more hold of the reentrant lock this thread holds through this object:
+        returns at once (the library finds its owner holding it)."""
+        opts = self._options(cancel)
+        opts.renew = self._renew
+        if cancel is not None:
+            opts.cancel = cancel.handle
+        out = _native.lock_t()
+        try:
+            _native.check(
+                self._kind.take(
+                    self._client.handle, self._key, self._ttl_ms, self._wait_ms, byref(opts), byref(out)
+                )
+            )
+            with _REGISTRY:
+                self._reentries.append(out.value)
+        except BaseException:
+            if out.value and out.value not in self._reentries:
+                lib.lock_release(out.value)
+            raise
+        return self
+
     def _enter_gate(self, started: float, cancel: Optional[CancelToken], owner: object) -> None:
         """Takes the gate: waits, within the object's ``wait``, while another thread's
         holding of this object lasts."""
@@ -552,13 +666,13 @@ class Lock:
             )
         while True:
             if self._wait_ms and is_cancelled(cancel):
-                raise LockCancelledError(f"the wait for lock {self.key!r} was cancelled")
+                raise LockCancelledError(f"the wait for {self._what} was cancelled")
             slice_s = _GATE_SLICE
             if self._wait_ms != UINT64_MAX:
                 left = started + self._wait_ms / 1000 - time.monotonic()
                 if left <= 0:
                     raise LockBusyError(
-                        f"lock {self.key!r} is held by another thread through this Lock object"
+                        f"{self._what} is held by another thread through this Lock object"
                     )
                 slice_s = min(slice_s, left)
             if self._gate.acquire(timeout=slice_s):
@@ -580,6 +694,7 @@ class Lock:
             self._pid = os.getpid()
             self._fencing_token = fencing_token
             self._token = None
+            self._with_may_take_over = False
             self.lost_reason = None
             if self._lost_event is not None:
                 self._lost_event.clear()
@@ -603,9 +718,25 @@ class Lock:
         unprotected; the key is deleted all the same if it still holds the token). The holding is over either way: another thread
         waiting for this object goes ahead.
 
+        A reentrant lock gives back its latest hold; the key is released with the last.
+
         Raises :class:`InvalidHandleError` when the object is not held (never acquired,
-        already released, or its client was closed), and connection or server errors when
-        Redis could not be told (the lock then expires after its ttl)."""
+        already released, or its client was closed), :class:`LockNotHeldError` when another
+        thread holds a reentrant lock (nothing changes), and connection or server errors
+        when Redis could not be told (the lock then expires after its ttl)."""
+        if self._reentrant and self._handle:
+            if self._owner_name is None and self._owner != threading.get_ident():
+                raise LockNotHeldError(
+                    f"{self._what} is held by another thread: only it may release it", LOCK_NOT_HELD
+                )
+            with _REGISTRY:
+                extra = self._reentries.pop() if self._reentries else 0
+            if extra:
+                status = lib.lock_release(extra)
+                if status == LOCK_NOT_HELD:
+                    return False
+                _native.check(status)
+                return True
         with _REGISTRY:
             handle, self._handle = self._handle, 0
         if not handle:
@@ -614,6 +745,7 @@ class Lock:
             status = lib.lock_release(handle)
         finally:
             self._disown(handle)
+            self._with_may_take_over = False
             self._owner = None
             self._gate.release()
         if status == LOCK_NOT_HELD:
@@ -664,6 +796,11 @@ class Lock:
         return self._key.decode("utf-8")
 
     @property
+    def _what(self) -> str:
+        """What the object holds, for messages: ``lock 'x'``, ``semaphore 'x'``, ..."""
+        return self._kind.describe(self.key)
+
+    @property
     def remaining(self) -> float:
         """Seconds of lease left by the local clock; 0.0 once lost or released."""
         handle = self._handle
@@ -673,13 +810,18 @@ class Lock:
         return out.value / 1000.0
 
     def __enter__(self) -> "Lock":
-        return self.acquire()
+        if self._with_may_take_over and self._owner == threading.get_ident() and not self._reentries:
+            # `with client.acquire(key) as lk:`: the block takes over the holding this
+            # thread has just made, and releases it on exit.
+            self._with_may_take_over = False
+            return self
+        return self._acquire(self._cancel, threading.get_ident())
 
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: object, tb: object) -> None:
         if exc_type is None:
             if not self.release():
                 raise LockNotHeldError(
-                    f"lock {self.key!r} was lost before the end of the with block "
+                    f"{self._what} was lost before the end of the with block "
                     f"({self.lost_reason or 'expired'}): the block ran partly unprotected",
                     LOCK_NOT_HELD,
                 )
@@ -689,14 +831,14 @@ class Lock:
             released = self.release()
         except Exception:  # noqa: BLE001 - logged; the block's exception is what matters
             log.warning(
-                "redlease: releasing lock %r at the end of a with block that raised %s failed",
-                self.key, exc_type.__name__, exc_info=True,
+                "redlease: releasing %s at the end of a with block that raised %s failed",
+                self._what, exc_type.__name__, exc_info=True,
             )
             return
         if not released:
             log.warning(
-                "redlease: lock %r was lost (%s) before the end of a with block that raised %s",
-                self.key, self.lost_reason or "expired", exc_type.__name__,
+                "redlease: %s was lost (%s) before the end of a with block that raised %s",
+                self._what, self.lost_reason or "expired", exc_type.__name__,
             )
 
     def __del__(self) -> None:
@@ -705,6 +847,9 @@ class Lock:
         handle = getattr(self, "_handle", 0)
         try:
             if handle and self._pid == os.getpid():
+                for extra in reversed(self._reentries):
+                    lib.lock_release(extra)
+                self._reentries = []
                 self._handle = 0
                 lib.lock_release(handle)
                 _LIVE.pop(handle, None)
@@ -714,7 +859,131 @@ class Lock:
 
     def __repr__(self) -> str:
         handle = self._handle
+        what = repr(self.key) if self._kind is MUTEX else self._what
         if not handle:
-            return f"<redlease.Lock {self.key!r} not held>"
-        return f"<redlease.Lock {self.key!r} held={self.held} handle={handle:#x}>"
+            return f"<redlease.Lock {what} not held>"
+        return f"<redlease.Lock {what} held={self.held} handle={handle:#x}>"
+
+
+class Semaphore:
+    """A counting semaphore: at most ``permits`` holders of ``name`` at once, on every host.
+    Made by :meth:`Client.semaphore`; holds nothing itself and may be shared by threads::
+
+        with client.semaphore("api:partner", 5).acquire(ttl=10.0, wait=30.0) as permit:
+            call_the_api(fencing_token=permit.fencing_token)
+
+    A permit is a :class:`Lock` with a lease of its own, renewed while held; a crashed
+    holder's permit frees itself after its ttl (by the server's clock). A release wakes one
+    waiter, which then tries again (no order among waiters)."""
+
+    def __init__(self, client: Client, name: Key, permits: int) -> None:
+        self._client = client
+        self._name = _args.key_bytes(name)
+        self._permits = _args.uint32(permits, "permits")
+        self._kind = _kinds.permit(self._permits)
+
+    @property
+    def name(self) -> str:
+        """The semaphore's name (without the client's key prefix)."""
+        return self._name.decode("utf-8")
+
+    @property
+    def permits(self) -> int:
+        """How many holders it lets in at once."""
+        return self._permits
+
+    def acquire(
+        self,
+        ttl: float = 30.0,
+        wait: Optional[float] = None,
+        *,
+        renew: bool = True,
+        on_lost: Optional[LostHandler] = None,
+        cancel: Optional[CancelToken] = None,
+        min_replicas: Optional[Tuple[int, float]] = None,
+    ) -> Lock:
+        """Takes a permit and returns it, held: a :class:`Lock` (``release()``, ``extend()``,
+        ``held``, ``fencing_token``, ``token``, ``remaining``, ``lost``; a ``with`` block on
+        it releases it at the end). The arguments are those of :meth:`Client.acquire`, and
+        so is the blocking: up to ``wait`` seconds (0: try once; ``None``: as long as it
+        takes) without the GIL, Ctrl-C and ``cancel`` end it.
+
+        Raises :class:`LockBusyError` when no permit was free when the wait ended,
+        :class:`InvalidArgumentError` for ``permits`` 0 or a Redlock client,
+        :class:`RedisServerError` when the name is in use by another kind of lock (a mutex
+        or a read-write lock), and otherwise as :meth:`Client.acquire`."""
+        return Lock(
+            self._client, self._name, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel,
+            min_replicas=min_replicas, kind=self._kind,
+        ).acquire()
+
+    def __repr__(self) -> str:
+        return f"<redlease.Semaphore {self.name!r} permits={self._permits}>"
+
+
+class RwLock:
+    """A read-write lock: many readers or one writer, on every host. Made by
+    :meth:`Client.rwlock`; holds nothing itself and may be shared by threads::
+
+        rw = client.rwlock("catalog")
+        with rw.read(ttl=10.0, wait=5.0) as reading:    # shared with other readers
+            ...
+        with rw.write(ttl=10.0, wait=5.0) as writing:   # exclusive
+            ...
+
+    A waiting writer keeps new readers out, so a stream of readers cannot starve it. Each
+    hold is a :class:`Lock` with its own lease (renewed), lost signal and fencing token."""
+
+    def __init__(self, client: Client, name: Key) -> None:
+        self._client = client
+        self._name = _args.key_bytes(name)
+
+    @property
+    def name(self) -> str:
+        """The read-write lock's name (without the client's key prefix)."""
+        return self._name.decode("utf-8")
+
+    def read(
+        self,
+        ttl: float = 30.0,
+        wait: Optional[float] = None,
+        *,
+        renew: bool = True,
+        on_lost: Optional[LostHandler] = None,
+        cancel: Optional[CancelToken] = None,
+        min_replicas: Optional[Tuple[int, float]] = None,
+    ) -> Lock:
+        """A read hold, not yet acquired: a :class:`Lock` to use in a ``with`` block or to
+        :meth:`Lock.acquire`, with the arguments of :meth:`Client.lock`. Its acquire raises
+        :class:`LockBusyError` when a writer still held or waited when the wait ended, and
+        :class:`RedisServerError` when the name is in use by another kind of lock.
+
+        Does not block. Raises :class:`InvalidArgumentError` for a bad argument."""
+        return Lock(
+            self._client, self._name, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel,
+            min_replicas=min_replicas, kind=_kinds.READ,
+        )
+
+    def write(
+        self,
+        ttl: float = 30.0,
+        wait: Optional[float] = None,
+        *,
+        renew: bool = True,
+        on_lost: Optional[LostHandler] = None,
+        cancel: Optional[CancelToken] = None,
+        min_replicas: Optional[Tuple[int, float]] = None,
+    ) -> Lock:
+        """The write hold, not yet acquired: as :meth:`read`, but exclusive. Its acquire
+        raises :class:`LockBusyError` when a reader or another writer still held when the
+        wait ended.
+
+        Does not block. Raises :class:`InvalidArgumentError` for a bad argument."""
+        return Lock(
+            self._client, self._name, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel,
+            min_replicas=min_replicas, kind=_kinds.WRITE,
+        )
+
+    def __repr__(self) -> str:
+        return f"<redlease.RwLock {self.name!r}>"
 

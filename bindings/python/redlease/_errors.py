@@ -14,7 +14,8 @@ class RedleaseError(Exception):
 
 
 class LockBusyError(RedleaseError):
-    """The wait ended while another owner held the lock."""
+    """The wait ended while another owner held the lock (for a semaphore: while no permit
+    was free; for a read-write lock: while that side was unavailable)."""
 
 
 class LockNotHeldError(RedleaseError):
@@ -32,11 +33,13 @@ class RedisConnectionError(RedleaseError):
 
 
 class RedisServerError(RedleaseError):
-    """The server answered with an error (NOAUTH, READONLY, OOM, ...)."""
+    """The server answered with an error (NOAUTH, READONLY, OOM, ...), or the name is in use
+    by another kind of lock (a mutex, a semaphore, a read-write lock: the message says so)."""
 
 
 class InvalidArgumentError(RedleaseError, ValueError):
-    """An unusable argument (wrong type, empty key, ttl <= 0, NaN, bad URL, ...).
+    """An unusable argument (wrong type, empty key, ttl <= 0, NaN, bad URL, a semaphore of
+    0 permits, a semaphore or read-write lock asked of a Redlock client, ...).
     Nothing was sent to Redis."""
 
 

@@ -31,6 +31,8 @@ LOCK_TOKEN_MAX = 128
 UINT64_MAX = 2**64 - 1
 LOCK_LOST_NOT_HELD = 1
 LOCK_LOST_UNREACHABLE = 2
+LOCK_RW_READ = 1
+LOCK_RW_WRITE = 2
 LOCK_LOG_ERROR = 1
 LOCK_LOG_WARN = 2
 LOCK_LOG_INFO = 3
@@ -73,6 +75,8 @@ class AcquireOptions(Structure):
         ("interrupt_user_data", c_void_p),
         ("min_replicas", c_uint32),
         ("min_replicas_timeout_ms", c_uint64),
+        ("reentrant", c_bool),
+        ("owner", c_char_p),
     ]
 
 
@@ -135,6 +139,16 @@ _declare(
     "lock_acquire_opts",
     c_int32,
     [lock_client_t, c_char_p, c_uint64, c_uint64, POINTER(AcquireOptions), POINTER(lock_t)],
+)
+_declare(
+    "lock_semaphore_acquire",
+    c_int32,
+    [lock_client_t, c_char_p, c_uint32, c_uint64, c_uint64, POINTER(AcquireOptions), POINTER(lock_t)],
+)
+_declare(
+    "lock_rwlock_acquire",
+    c_int32,
+    [lock_client_t, c_char_p, c_int32, c_uint64, c_uint64, POINTER(AcquireOptions), POINTER(lock_t)],
 )
 _declare("lock_release", c_int32, [lock_t])
 _declare("lock_extend", c_int32, [lock_t, c_uint64])
