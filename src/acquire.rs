@@ -229,15 +229,17 @@ impl Acquire<'_> {
         calls
     }
 
-    /// Reads an attempt's replies (script, then `WAIT` if any). A grant too few replicas
-    /// acknowledged is rolled back and reported as [`ErrorKind::Replication`].
+    /// Reads an attempt's replies (script, then `WAIT` if any). A grant (or a re-entry's
+    /// hold) too few replicas acknowledged is rolled back (the re-entry's hold only) and
+    /// reported as [`ErrorKind::Replication`].
     fn read_attempt(
         &self,
         mut values: impl Iterator<Item = Value>,
         sent_at: Instant,
     ) -> Result<Attempt> {
         let attempt = parse_attempt(values.next(), sent_at)?;
-        if let (Attempt::Granted(_), Some(replicas)) = (&attempt, &self.replicas) {
+        let holds = matches!(attempt, Attempt::Granted(_) | Attempt::Reentered(..));
+        if let (true, Some(replicas)) = (holds, &self.replicas) {
             if let Err(e) = replicas.check(values.next(), "acquiring") {
                 let cutoff = Some(Instant::now() + self.backend.io_timeout);
                 let rolled_back = release_hold(

@@ -100,6 +100,7 @@ impl Kind {
                     &keys.wake,
                     &keys.queue,
                     &keys.readers,
+                    &keys.reader_wake,
                 ],
                 &[
                     &token,

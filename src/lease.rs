@@ -60,7 +60,6 @@ pub(crate) struct Lease {
     pub fencing_token: u64,
     /// The process that acquired the lock; after `fork()` the child must not touch it.
     process: u64,
-    on_lost: Option<LostCallback>,
     /// Replicas that must acknowledge each extend.
     replicas: Option<Replicas>,
     /// What the hold is on the server.
@@ -193,6 +192,9 @@ struct LeaseState {
     notified: bool,
     released: bool,
     subscribers: Vec<Sender<LostReason>>,
+    /// The lost-lock callbacks: the acquire's, and those of the later holds of a
+    /// reentrant lock that share this lease.
+    callbacks: Vec<LostCallback>,
 }
 
 impl LeaseState {
@@ -242,7 +244,6 @@ impl Lease {
             token,
             fencing_token,
             process: process::generation(),
-            on_lost,
             replicas: None,
             kind: Kind::Mutex,
             state: Mutex::new(LeaseState {
@@ -255,6 +256,7 @@ impl Lease {
                 notified: false,
                 released: false,
                 subscribers: Vec::new(),
+                callbacks: on_lost.into_iter().collect(),
             }),
             gate: Gate::new(),
             packed_extend: Mutex::new(None),
@@ -419,31 +421,75 @@ impl Lease {
 
     /// Runs the lost-lock callback, then tells every subscriber. Call without the gate.
     pub fn notify_lost(&self) {
-        let (reason, subscribers) = {
+        let (reason, subscribers, callbacks) = {
             let mut s = self.state();
             match s.lost {
                 Some(reason) if !s.notified => {
                     s.notified = true;
-                    (reason, std::mem::take(&mut s.subscribers))
+                    (
+                        reason,
+                        std::mem::take(&mut s.subscribers),
+                        std::mem::take(&mut s.callbacks),
+                    )
                 }
                 _ => return,
             }
         };
-        if subscribers.is_empty() && self.on_lost.is_none() {
+        if subscribers.is_empty() && callbacks.is_empty() {
             log::warn!("lock {:?} lost: {reason}", self.keys.lock);
         } else {
             log::info!("lock {:?} lost: {reason}", self.keys.lock);
         }
-        if let Some(callback) = &self.on_lost {
-            // A panicking callback must not take the renewal thread (reused for other
-            // locks) down with it.
-            let call = std::panic::AssertUnwindSafe(|| callback(reason));
-            if std::panic::catch_unwind(call).is_err() {
-                log::error!("the lost-lock callback of {:?} panicked", self.keys.lock);
-            }
+        for callback in &callbacks {
+            self.run_callback(callback, reason);
         }
         for tx in subscribers {
             let _ = tx.try_send(reason);
+        }
+    }
+
+    fn run_callback(&self, callback: &LostCallback, reason: LostReason) {
+        // A panicking callback must not take the renewal thread (reused for other locks)
+        // down with it.
+        let call = std::panic::AssertUnwindSafe(|| callback(reason));
+        if std::panic::catch_unwind(call).is_err() {
+            log::error!("the lost-lock callback of {:?} panicked", self.keys.lock);
+        }
+    }
+
+    /// Adds the lost-lock callback of a later hold of a reentrant lock that shares this
+    /// lease. Called at once (on this thread) if the holder was already told of a loss.
+    pub fn add_on_lost(&self, callback: LostCallback) {
+        let told = {
+            let mut s = self.state();
+            match s.lost {
+                Some(reason) if s.notified => Some(reason),
+                _ => {
+                    s.callbacks.push(callback.clone());
+                    None
+                }
+            }
+        };
+        if let Some(reason) = told {
+            self.run_callback(&callback, reason);
+        }
+    }
+
+    /// Applies what a re-entry of a reentrant lock set on the server (the key leased for
+    /// `leased` by a request written at `sent_at`, renewals of at least `ttl` from then
+    /// on) to this shared lease: its deadline moves on if that is later, never back.
+    pub fn reentered(&self, ttl: Duration, leased: Duration, sent_at: Instant) {
+        let mut s = self.state();
+        if s.lost.is_some() || s.released {
+            return;
+        }
+        s.ttl = s.ttl.max(ttl);
+        let lease = s.cap.map_or(leased, |cap| cap.min(leased));
+        let deadline = local_deadline(sent_at, lease);
+        if deadline > s.deadline {
+            s.start = sent_at;
+            s.leased = leased;
+            s.deadline = deadline;
         }
     }
 

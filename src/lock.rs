@@ -244,7 +244,20 @@ impl<'a> LockBuilder<'a> {
         let token = match reentered {
             Some(lock_token) => {
                 if let Some(held) = registry.as_ref().and_then(|r| r.join(&lock_token)) {
-                    return Ok(LockGuard::with(held, hold));
+                    // One more hold of a lease this process holds: it takes this
+                    // acquire's lease, callback and renewal wish.
+                    held.lease.reentered(ttl, granted.lease, granted.sent_at);
+                    if let Some(callback) = self.on_lost {
+                        held.lease.add_on_lost(callback);
+                    }
+                    let guard = LockGuard::with(held.clone(), hold);
+                    let mut renewal = held.renewal();
+                    if self.renew && renewal.is_none() {
+                        // On failure the guard drops and gives its hold back.
+                        *renewal = Some(Renewal::start(held.lease.clone())?);
+                    }
+                    drop(renewal);
+                    return Ok(guard);
                 }
                 lock_token
             }
@@ -323,12 +336,13 @@ impl Reentered {
     }
 
     /// The lock with `token` as held here, with one more guard; `None` when this process
-    /// does not hold it (any more).
+    /// does not hold it (any more), or its lease here is over (lost, or its local deadline
+    /// passed): the new hold then gets a lease of its own, from what the server just set.
     fn join(&self, token: &str) -> Option<Arc<Held>> {
         let map = self.map();
         let held = map.get(token)?.upgrade()?;
         let mut guards = held.guards();
-        if *guards == 0 || held.lease.gate_closed() {
+        if *guards == 0 || held.lease.gate_closed() || !held.lease.is_held() {
             return None;
         }
         *guards += 1;

@@ -265,7 +265,9 @@ return 1
 
 /// Extend (renew): set a new ttl only while the lock holds our token.
 ///
-/// - KEYS[1] lock key, and for a reentrant lock KEYS[2] its holds (extended alike)
+/// - KEYS[1] lock key, and for a reentrant lock KEYS[2] its holds (extended alike). A
+///   reentrant lock's lease is never shortened: its holds may be another process's, which
+///   counts on the longest ttl any of them asked for.
 /// - ARGV[1] token, ARGV[2] new ttl in ms (never 0: `PEXPIRE key 0` deletes the key)
 /// - Returns 1 when extended, 0 when the key no longer held the token.
 pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
@@ -273,7 +275,9 @@ pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   if KEYS[2] then
-    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+    local ttl = math.max(redis.call('PTTL', KEYS[1]), tonumber(ARGV[2]))
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    return redis.call('PEXPIRE', KEYS[1], ttl)
   end
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -405,7 +409,8 @@ return 1
 /// readers out (no writer starvation); readers that wait register in the readers' queue.
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] (unused: the wake list, declared for
-///   symmetry), KEYS[4] writers' queue, KEYS[5] readers' queue
+///   symmetry), KEYS[4] writers' queue, KEYS[5] readers' queue, KEYS[6] readers' wake list
+///   (a writer that gives up wakes the readers it kept out)
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fencing counter expiry ms, ARGV[4] mode,
 ///   ARGV[5] the waiter's grace ms, ARGV[6] `w` or `r`
 /// - Returns `{1, fencing_token, ttl_ms}` or `{0, ms}` (until the first holder expires).
@@ -446,6 +451,10 @@ if side == 'w' then
     return granted('w', string.format('%.0f', now + ttl) .. ' ' .. token)
   end
   register(KEYS[4], token, mode, tonumber(ARGV[5]))
+  if mode == 3 and not writer and redis.call('ZCOUNT', KEYS[4], now, '+inf') == 0 then
+    -- This writer gave up, and no other waits: the readers it kept out may come in.
+    wake(KEYS[6], KEYS[5], 64, tonumber(ARGV[5]))
+  end
 else
   local again = redis.call('HEXISTS', KEYS[1], 'r:' .. token) == 1
   if again or (not writer and redis.call('ZCARD', KEYS[4]) == 0) then
@@ -502,8 +511,13 @@ pub(crate) static RELEASE_RW: LazyLock<Lua> = LazyLock::new(|| {
         "{NOW_MS}{WAITERS}{}",
         r"
 if ARGV[3] == '1' then
-  redis.call('ZREM', KEYS[3], ARGV[1])
+  local was_waiting_writer = redis.call('ZREM', KEYS[3], ARGV[1]) == 1
   redis.call('ZREM', KEYS[4], ARGV[1])
+  if was_waiting_writer and not redis.call('HGET', KEYS[1], 'w')
+      and redis.call('ZCOUNT', KEYS[3], now_ms(), '+inf') == 0 then
+    -- A writer that gives up wakes the readers it kept out.
+    wake(KEYS[5], KEYS[4], 64, tonumber(ARGV[2]))
+  end
 end
 local field = ARGV[4] == 'w' and 'w' or 'r:' .. ARGV[1]
 local value = redis.call('HGET', KEYS[1], field)
