@@ -826,6 +826,43 @@ fn a_least_privilege_acl_user_can_do_everything_locks_need() {
     );
     assert_eq!(client.locks("*", 10).unwrap().len(), 1);
     guard.release().unwrap();
+    // The other kinds: a reentrant lock (inspected), a semaphore, both sides of a
+    // read-write lock, each with a waiter woken by a release.
+    let outer = client.lock("r").reentrant().try_acquire().unwrap();
+    let inner = client.lock("r").reentrant().try_acquire().unwrap();
+    inner.extend(Duration::from_millis(500)).unwrap();
+    assert_eq!(
+        client.inspect("r").unwrap().reentrant.map(|(_, n)| n),
+        Some(2)
+    );
+    drop((inner, outer));
+    let permit = client.semaphore("s", 1).try_acquire().unwrap();
+    permit.extend(Duration::from_secs(5)).unwrap();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            client
+                .semaphore("s", 1)
+                .acquire_timeout(Duration::from_secs(5))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    permit.release().unwrap();
+    waiter.join().unwrap().unwrap().release().unwrap();
+    let reader = client.rwlock("rw").read().try_acquire().unwrap();
+    reader.extend(Duration::from_secs(5)).unwrap();
+    let writer = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            client
+                .rwlock("rw")
+                .write()
+                .acquire_timeout(Duration::from_secs(5))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    reader.release().unwrap();
+    writer.join().unwrap().unwrap().release().unwrap();
     // Keys outside the prefix are refused by the ACL, not by redlease.
     let other = Client::open(&url).unwrap();
     let err = other.lock("elsewhere").try_acquire().unwrap_err();
