@@ -74,42 +74,57 @@ fn floor(
 
 /// CPU % of one core of `locks` threads that only keep time: each wakes on the renewal
 /// grid every ttl/3 with the renewal threads' timer slack, and does nothing. The least a
-/// thread per lock can cost, whatever it does when awake; one figure per slice.
+/// thread per lock can cost, whatever it does when awake; one figure per slice (none when
+/// the OS refuses a thread).
 fn bare_threads(locks: usize, slices: usize, slice: Duration) -> Vec<f64> {
     let stop = Arc::new(AtomicBool::new(false));
     let epoch = Instant::now();
-    let threads: Vec<_> = (0..locks)
-        .map(|i| {
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .stack_size(128 * 1024)
-                .spawn(move || {
-                    // As the renewal threads: timer slack and wake-ups on a grid, both
-                    // a thirtieth of the ttl up to 15 ms.
-                    let grid = (TTL / 30).min(Duration::from_millis(15));
-                    let slack = grid.as_nanos() as libc::c_ulong;
-                    // SAFETY: prctl(PR_SET_TIMERSLACK) takes a value and touches no memory.
-                    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack, 0, 0, 0) };
-                    let on_grid = |at: Instant| {
-                        let since = at.saturating_duration_since(epoch).as_nanos();
-                        let grid = grid.as_nanos();
-                        epoch + Duration::from_nanos((since.div_ceil(grid) * grid) as u64)
-                    };
-                    let pair = (std::sync::Mutex::new(()), std::sync::Condvar::new());
-                    let mut due = on_grid(Instant::now() + TTL / 3 * (i as u32 % 3 + 1) / 3);
-                    while !stop.load(Ordering::Relaxed) {
-                        let guard = pair.0.lock().unwrap_or_else(|p| p.into_inner());
-                        let left = due.saturating_duration_since(Instant::now());
-                        let _ = pair.1.wait_timeout(guard, left);
-                        let now = Instant::now();
-                        if now >= due {
-                            due = on_grid(now + TTL / 3);
-                        }
+    let mut threads = Vec::with_capacity(locks);
+    for i in 0..locks {
+        let stop = stop.clone();
+        let spawned = std::thread::Builder::new()
+            .stack_size(128 * 1024)
+            .spawn(move || {
+                // As the renewal threads: timer slack and wake-ups on a grid, both
+                // a thirtieth of the ttl up to 15 ms.
+                let grid = (TTL / 30).min(Duration::from_millis(15));
+                let slack = grid.as_nanos() as libc::c_ulong;
+                // SAFETY: prctl(PR_SET_TIMERSLACK) takes a value and touches no memory.
+                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack, 0, 0, 0) };
+                let on_grid = |at: Instant| {
+                    let since = at.saturating_duration_since(epoch).as_nanos();
+                    let grid = grid.as_nanos();
+                    epoch + Duration::from_nanos((since.div_ceil(grid) * grid) as u64)
+                };
+                let pair = (std::sync::Mutex::new(()), std::sync::Condvar::new());
+                let mut due = on_grid(Instant::now() + TTL / 3 * (i as u32 % 3 + 1) / 3);
+                while !stop.load(Ordering::Relaxed) {
+                    let guard = pair.0.lock().unwrap_or_else(|p| p.into_inner());
+                    let left = due.saturating_duration_since(Instant::now());
+                    let _ = pair.1.wait_timeout(guard, left);
+                    let now = Instant::now();
+                    if now >= due {
+                        due = on_grid(now + TTL / 3);
                     }
-                })
-                .expect("spawn")
-        })
-        .collect();
+                }
+            });
+        match spawned {
+            Ok(thread) => threads.push(thread),
+            Err(e) => {
+                eprintln!(
+                    "bench: the idle thread-per-lock reference could not start thread {i}: {e}"
+                );
+                break;
+            }
+        }
+    }
+    if threads.len() < locks {
+        stop.store(true, Ordering::Relaxed);
+        for t in threads {
+            let _ = t.join();
+        }
+        return Vec::new();
+    }
     std::thread::sleep(TTL);
     let mut pct = Vec::new();
     for _ in 0..slices {
@@ -195,6 +210,13 @@ fn run_one(bench: &Bench, locks: usize) {
     let released = Instant::now();
     drop(guards);
     let release_s = released.elapsed().as_secs_f64();
+    // The renewal threads of the released locks exit (all but the parked ones) before the
+    // reference starts as many threads again: both at once can pass the process's limits
+    // (`vm.max_map_count`: each thread maps its stack and guard pages).
+    let settle_by = Instant::now() + Duration::from_secs(30);
+    while proc_status("Threads") > threads_before + 300 && Instant::now() < settle_by {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let period_ms = TTL.as_secs_f64() * 1000.0 / 3.0;
     let slice = (window / slices as u32).min(Duration::from_secs(5));
     let bare = bare_threads(locks, slices, slice);
