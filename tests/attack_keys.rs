@@ -1,11 +1,11 @@
 //! Attack: lock names that share companion keys with another lock.
 //!
-//! `src/keys.rs` wraps a lock key `K` that has no hash tag and no `}` as `{K}` for its
-//! companions (`redlease:queue:{K}`, ...), and uses a key that already has a hash tag as
-//! is. So the lock named `x` and the lock named `{x}` get the very same companion keys
+//! `src/keys.rs` once wrapped a lock key `K` that has no hash tag and no `}` as `{K}` for its
+//! companions (`redlease:queue:{K}`, ...), and used a key that already had a hash tag as
+//! is. So the lock named `x` and the lock named `{x}` once got the very same companion keys
 //! (`redlease:fence:{x}`, `redlease:wakeup:{x}`, `redlease:queue:{x}`, `redlease:grant:{x}`):
-//! waiters of one are seen by releases of the other. The design says "No lock name may be
-//! able to affect another lock".
+//! waiters of one were seen by releases of the other. The design says "No lock name may be
+//! able to affect another lock"; these tests keep it so.
 
 mod support;
 
@@ -14,11 +14,11 @@ use std::time::Duration;
 use redlease::Client;
 use support::{RedisServer, eventually, within};
 
-/// A waiter on lock `{x}` makes every release of lock `x` hand `x` to nobody: `x` stays
-/// held by a handoff token (refusing redlease and plain `SET NX` clients) although nobody
-/// waits for it.
+/// A waiter on lock `{x}` must not make a release of lock `x` hand `x` to nobody (when the
+/// two shared their companion keys, `x` stayed held by a handoff token, refusing redlease
+/// and plain `SET NX` clients, although nobody waited for it).
 #[test]
-fn a_waiter_on_braced_name_blocks_the_plain_name_after_release() {
+fn a_waiter_on_a_braced_name_never_blocks_the_plain_name() {
     let server = RedisServer::start();
     let client = Client::open(&server.url()).unwrap();
 
@@ -59,12 +59,12 @@ fn a_waiter_on_braced_name_blocks_the_plain_name_after_release() {
 }
 
 /// The other direction: a release of `{x}` with its own waiter, while lock `x` is held and
-/// has a waiter too. Each release should wake a waiter of its own lock; here the wake-ups
-/// and grants of the two locks are one list and one grant key, so a release of one lock
-/// can overwrite the pending grant of the other and leave that lock held by a handoff
-/// token nobody can take (the grant key now names another token).
+/// has a waiter too. Each release must wake a waiter of its own lock (when the wake-ups and
+/// grants of the two locks were one list and one grant key, a release of one lock could
+/// overwrite the pending grant of the other and leave that lock held by a handoff token
+/// nobody could take).
 #[test]
-fn grants_of_two_locks_overwrite_each_other() {
+fn grants_of_two_locks_never_overwrite_each_other() {
     let server = RedisServer::start();
     let client = Client::open(&server.url()).unwrap();
     let a = client.lock("x").try_acquire().unwrap();

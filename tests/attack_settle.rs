@@ -1,9 +1,9 @@
-//! Attack: `acquire` reports "acquired" for a lease that has already ended, while another
-//! caller holds the lock.
+//! Attack (fixed; these tests keep it fixed): `acquire` must never report "acquired" for a
+//! lease that has already ended, while another caller holds the lock.
 //!
 //! `Acquire::settle` (src/acquire.rs) extends a lock acquired with less than two thirds of
 //! its ttl left (a fixed lease whose acquire reply was slow, a grant taken from a release).
-//! Two of its exits return the lock as acquired without looking at the clock again:
+//! Two of its exits once returned the lock as acquired without looking at the clock again:
 //!
 //! - the `EXTEND` succeeded, but its reply came after the ttl it set had run out: the
 //!   deadline (`sent_at + ttl - drift`) is already in the past when `Ok` is returned;
@@ -100,25 +100,24 @@ fn attack(second_reply: Action) {
 }
 
 /// The extend ran at once on the server; its reply came 600 ms later (past the 300 ms it
-/// set).
+/// set): the acquire must not hand out a guard for that lease.
 #[test]
-fn a_late_settle_extend_reply_reports_an_expired_lease_as_acquired() {
+fn a_late_settle_extend_reply_never_reports_an_expired_lease_as_acquired() {
     attack(Action::DelayReply(Duration::from_millis(600)));
 }
 
-/// The extend timed out (its reply 1 s late, the I/O timeout 0.7 s): `remaining` was
-/// measured before it.
+/// The extend timed out (its reply 1 s late, the I/O timeout 0.7 s): what is left of the
+/// lease must be measured after it, not before.
 #[test]
-fn a_failed_settle_extend_reports_an_expired_lease_as_acquired() {
+fn a_failed_settle_extend_never_reports_an_expired_lease_as_acquired() {
     attack(Action::DelayReply(Duration::from_millis(1000)));
 }
 
 /// The other side of `settle`: when its `EXTEND` finds the key gone (the lease the attempt
-/// set ran out while its reply was on its way), the acquire fails with `Busy` ("the wait
-/// ended while another owner held the lock") at once, although its wait has seconds left
-/// and nobody holds the lock: it should simply try again.
+/// set ran out while its reply was on its way), a wait with time left tries again; it once
+/// failed at once with a false `Busy` although nobody held the lock.
 #[test]
-fn a_lease_lost_before_settle_ends_the_wait_with_a_false_busy() {
+fn a_lease_lost_before_settle_tries_again_instead_of_a_false_busy() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let options = ClientOptions::default()
