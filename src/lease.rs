@@ -302,6 +302,13 @@ impl Lease {
         self.gate.state().closed
     }
 
+    /// Whether a release closed the gate or is waiting to close it: no renewal will be
+    /// sent any more.
+    pub fn gate_closing(&self) -> bool {
+        let s = self.gate.state();
+        s.closed || s.closing
+    }
+
     fn state(&self) -> MutexGuard<'_, LeaseState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -393,19 +400,19 @@ impl Lease {
     /// has still passed then (an extend that was in flight may have moved it on). `true`
     /// when the lock is lost.
     pub fn lose_if_expired(&self) -> bool {
-        let decided = match self.gate() {
-            Some(_gate) => {
-                if Instant::now() < self.deadline() {
-                    return false;
-                }
-                self.declare_lost(LostReason::Unreachable)
+        if let Some(_gate) = self.gate() {
+            if Instant::now() < self.deadline() {
+                return false;
             }
-            None => false,
-        };
-        if decided {
+            self.declare_lost(LostReason::Unreachable);
+        }
+        // Also when an extend that ran into the deadline declared it: the holder is told
+        // once, whoever declared it.
+        let lost = self.lost().is_some();
+        if lost {
             self.notify_lost();
         }
-        self.lost().is_some()
+        lost
     }
 
     /// Sets the loss; the caller holds the gate. `true` when this call decided it (the
@@ -561,7 +568,21 @@ impl Lease {
                     Ok((extended, replies.sent_at))
                 })
         };
-        self.apply_extend(ttl, attempt_at, result, lane == Lane::Renewal)
+        match self.apply_extend(ttl, attempt_at, result, lane == Lane::Renewal) {
+            // Not confirmed before the lease ended: the lock is lost at its deadline (the
+            // caller tells the holder, after the gate).
+            Err(e) if Instant::now() >= self.deadline() => {
+                self.declare_lost(LostReason::Unreachable);
+                Err(Error::new(
+                    ErrorKind::NotHeld,
+                    format!(
+                        "lock {:?} was lost: its lease ended before the extend was confirmed ({e})",
+                        self.keys.lock
+                    ),
+                ))
+            }
+            outcome => outcome,
+        }
     }
 
     /// Records what an extend of `ttl`, sent at `attempt_at` or later, found: `Ok((1,
@@ -579,6 +600,19 @@ impl Lease {
         let mut s = self.state();
         match result {
             Ok((1, sent_at)) => {
+                let now = Instant::now();
+                let effective = s.cap.map_or(ttl, |cap| cap.min(ttl));
+                if now >= s.deadline || local_deadline(sent_at, effective) <= now {
+                    // The reply came after the lease ended (the holder was already told
+                    // it is not held), or it set a lease that is already over: a loss is
+                    // final, and the lock is never believed held again.
+                    if renewal {
+                        stats::renewal_failed();
+                    }
+                    drop(s);
+                    self.declare_lost(LostReason::Unreachable);
+                    return Ok(Extended::Lost(LostReason::Unreachable));
+                }
                 if renewal {
                     let due = s.start + s.effective_lease() / 3;
                     stats::renewed(sent_at.saturating_duration_since(due));

@@ -456,11 +456,14 @@ impl LockGuard {
 
     /// Sets the lease to `ttl` from now, if the key still holds this lock's token.
     /// Blocking: waits for a renewal in flight, then one round trip (connect and I/O
-    /// timeouts). The renewal thread, if any, renews with the new ttl from then on (the
-    /// next renewal a third of the way into the new lease).
+    /// timeouts), cut off at the current lease's local deadline. The renewal thread, if
+    /// any, renews with the new ttl from then on (the next renewal a third of the way into
+    /// the new lease).
     ///
     /// Errors: [`ErrorKind::NotHeld`] when the lock was lost or released (a loss is also
-    /// marked); [`ErrorKind::InvalidArgument`] for a ttl under [`crate::MIN_TTL`].
+    /// marked), including when the extend could not be confirmed before the current lease
+    /// ended, or its reply came too late to be of use: the lock is then lost, for good;
+    /// [`ErrorKind::InvalidArgument`] for a ttl under [`crate::MIN_TTL`].
     /// After a connection error or timeout the extend may or may not have happened: the
     /// lease then never assumes more than the shorter of the old and the new ttl again, for
     /// the rest of the lock's life (a late extend to the shorter ttl could still run).
@@ -474,8 +477,16 @@ impl LockGuard {
             let Some(_gate) = self.lease().gate() else {
                 return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
             };
-            self.lease().extend_gated(ttl, Lane::Urgent, None)?
+            // Read under the gate: a renewal that was in flight may have moved it on.
+            let deadline = self.lease().deadline();
+            self.lease().extend_gated(ttl, Lane::Urgent, Some(deadline))
         };
+        if extended.is_err() && self.lease().lost().is_some() {
+            // The extend ran into the deadline: the holder is told, after the gate (the
+            // callback may release).
+            self.lease().notify_lost();
+        }
+        let extended = extended?;
         match extended {
             Extended::Yes => {
                 if let Some(renewal) = self.renewal_slot().as_ref() {

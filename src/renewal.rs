@@ -405,7 +405,7 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
     let deadline = lease.deadline();
     let now = Instant::now();
     if now >= deadline {
-        if lease.lose_if_expired() || lease.gate_closed() {
+        if lease.lose_if_expired() || lease.gate_closing() {
             return None;
         }
         // An extend in flight moved the deadline on.
@@ -459,7 +459,7 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
             let now = Instant::now();
             if now >= deadline {
                 log::warn!("renewing lock {:?} failed: {e}", lease.keys.lock);
-                if lease.lose_if_expired() || lease.gate_closed() {
+                if lease.lose_if_expired() || lease.gate_closing() {
                     return None;
                 }
                 return Some(lease.next_renewal().max(Instant::now()));

@@ -144,8 +144,11 @@ fn a_handed_over_lease_is_never_believed_past_the_keys_expiry() {
 }
 
 /// Item 3: `extend()` takes the renewal gate, and the local deadline follows the last
-/// extend the server ran: with `extend(60 s)`'s reply delayed while 300 ms renewals run,
-/// then a partition, the holder never believes in more lease than the key has.
+/// extend the server ran: with `extend(60 s)`'s reply delayed past the moment a 300 ms
+/// renewal is due (but not past the lease: a later reply loses the lock, see
+/// `tests/attack_final.rs`), then a partition, the holder never believes in more lease
+/// than the key has. (Before the fix a renewal ran while the extend's reply was on its way
+/// and cut the key back to 300 ms, while the holder counted on 60 s.)
 #[test]
 fn an_extend_racing_renewal_never_outlives_the_key() {
     let server = RedisServer::start();
@@ -158,7 +161,7 @@ fn an_extend_racing_renewal_never_outlives_the_key() {
         .unwrap();
     // The extend script is in the server's cache (else the delayed reply is NOSCRIPT).
     guard.extend(Duration::from_millis(300)).unwrap();
-    let rule = proxy.on_request(b"60000", 1, Action::DelayReply(Duration::from_millis(350)));
+    let rule = proxy.on_request(b"60000", 1, Action::DelayReply(Duration::from_millis(150)));
     guard.extend(Duration::from_secs(60)).unwrap();
     assert_eq!(proxy.matched(rule), 1);
     proxy.blackhole(true);

@@ -48,6 +48,8 @@ pub(crate) struct Batcher {
 #[derive(Default)]
 struct Queue {
     items: Vec<Item>,
+    /// The cutoff of the batch being written or read, if any: it may take until then.
+    in_flight: Option<Instant>,
     running: bool,
     /// The node is gone: the thread exits.
     closed: bool,
@@ -61,12 +63,22 @@ impl Batcher {
     }
 
     /// Hands `item` to `node`'s batching thread (starting it if needed). Never blocks for
-    /// I/O. Errors only when the OS refuses a thread: the item's completion is then not
-    /// run (the caller handles the error), and the items others queued meanwhile are
-    /// completed with that error.
+    /// I/O. Every queued item is completed by its cutoff (plus scheduling): one that could
+    /// wait behind a batch in flight past its own cutoff is refused, and one whose cutoff
+    /// passes in the queue is completed with a timeout, unsent.
+    ///
+    /// Errors (the item's completion is then not run; the caller sends it on its own):
+    /// a batch in flight may take longer than the item's cutoff allows; the OS refuses a
+    /// thread (the items others queued meanwhile are then completed with that error).
     pub fn submit(node: &Arc<Node>, item: Item, io: Duration) -> Result<()> {
         let batcher = node.batcher.clone();
         let mut queue = batcher.queue();
+        if queue.in_flight.is_some_and(|end| end > item.cutoff) {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                "a batch in flight may outlast this request's cutoff",
+            ));
+        }
         if !queue.running {
             // Started before the item is queued: if no thread can be had, nothing of
             // ours is left in a queue that nobody serves.
@@ -149,17 +161,34 @@ fn serve(batcher: &Batcher, node: Weak<Node>, io: Duration) {
                 }
             }
             let take = queue.items.len().min(MAX_BATCH);
-            queue.items.drain(..take).collect::<Vec<Item>>()
+            let now = Instant::now();
+            let (items, late): (Vec<Item>, Vec<Item>) = queue
+                .items
+                .drain(..take)
+                .partition(|item| item.cutoff > now);
+            queue.in_flight = items.iter().map(|item| item.cutoff).min();
+            (items, late)
         };
-        match node.upgrade() {
-            Some(strong) => run_batch(&strong, items, io),
-            None => {
-                let failed = Error::new(ErrorKind::Connection, "the client was closed");
-                for item in items {
-                    (item.done)(Err(failed.clone()), Instant::now());
+        let (items, late) = items;
+        for item in late {
+            let late = Error::new(
+                ErrorKind::Timeout,
+                "the request's cutoff passed before its batch was written",
+            );
+            (item.done)(Err(late), Instant::now());
+        }
+        if !items.is_empty() {
+            match node.upgrade() {
+                Some(strong) => run_batch(&strong, items, io),
+                None => {
+                    let failed = Error::new(ErrorKind::Connection, "the client was closed");
+                    for item in items {
+                        (item.done)(Err(failed.clone()), Instant::now());
+                    }
                 }
             }
         }
+        batcher.queue().in_flight = None;
     }
 }
 

@@ -755,8 +755,9 @@ class Lock:
 
     def extend(self, ttl: float) -> None:
         """Sets the lease of the current holding to ``ttl`` seconds from now. Blocks for one
-        round trip. Raises :class:`LockNotHeldError` when the lock was lost,
-        :class:`InvalidHandleError` when not held."""
+        round trip, cut off when the current lease ends. Raises :class:`LockNotHeldError`
+        when the lock was lost (also when the extend was not confirmed before the lease
+        ended: a loss is final), :class:`InvalidHandleError` when not held."""
         ttl_ms = _args.duration_ms(ttl, "ttl")
         handle = self._handle
         status = lib.lock_extend(handle, ttl_ms)
