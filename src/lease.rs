@@ -13,11 +13,12 @@
 //! (waiting for the one in flight), so nothing extends a lock after its release was sent.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
+use crate::backend::batch::Batcher;
 use crate::backend::{self, Backend, Exec, Lane, Replicas};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -70,6 +71,9 @@ pub(crate) struct Lease {
     /// The packed extend request for the current ttl, kept so that a renewal does not
     /// format its arguments again each time.
     packed_extend: Mutex<Option<(Duration, crate::backend::Call)>>,
+    /// The batched renewal this lease last queued: its batcher, its id there, and when it
+    /// was queued (see [`Lease::withdraw_queued_renewal`]).
+    queued: Mutex<Option<(Weak<Batcher>, u64, Instant)>>,
     /// The last batched renewal failed.
     batch_failed: std::sync::atomic::AtomicBool,
 }
@@ -260,6 +264,7 @@ impl Lease {
             }),
             gate: Gate::new(),
             packed_extend: Mutex::new(None),
+            queued: Mutex::new(None),
             batch_failed: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -696,7 +701,36 @@ impl Lease {
             cutoff: deadline,
             done,
         };
-        crate::backend::batch::Batcher::submit(&node, item, self.backend.io_timeout)
+        let id = Batcher::submit(&node, item, self.backend.io_timeout)?;
+        *self.queued.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Arc::downgrade(&node.batcher), id, Instant::now()));
+        Ok(())
+    }
+
+    /// Takes back this lease's batched renewal if it has waited in its batcher's queue
+    /// for at least `patience` (a batch held up by a slow reply keeps everything queued
+    /// behind it), completing it as failed, unsent: its gate is free again and the next
+    /// renewal goes on its own. `true` when one was withdrawn.
+    pub fn withdraw_queued_renewal(&self, patience: Duration) -> bool {
+        let queued = {
+            let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+            match queued.as_ref() {
+                Some((_, _, at)) if at.elapsed() >= patience => queued.take(),
+                _ => None,
+            }
+        };
+        let Some((batcher, id, _)) = queued else {
+            return false;
+        };
+        let Some(item) = batcher.upgrade().and_then(|b| b.withdraw(id)) else {
+            return false;
+        };
+        let withdrawn = Error::new(
+            ErrorKind::Timeout,
+            "the renewal waited behind a slow batch; it goes on its own",
+        );
+        (item.done)(Err(withdrawn), Instant::now());
+        true
     }
 
     /// Whether the last batched renewal failed (the next one then goes on its own,

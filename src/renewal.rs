@@ -354,6 +354,9 @@ fn work(me: &Arc<Worker>) {
 /// Extra time a renewal thread gives a batched renewal before it looks at the outcome:
 /// the batch's write happens a little after the hand-over.
 const BATCH_SLACK: Duration = Duration::from_millis(2);
+/// How long a batched renewal may wait in its batcher's queue (normally a few
+/// milliseconds) before its thread takes it back and renews on its own.
+const QUEUE_PATIENCE: Duration = Duration::from_millis(10);
 
 /// How much a renewal may be late so that wake-ups coalesce: a thirtieth of the ttl, from
 /// 50 µs to 15 ms. With a thread per lock, waking is most of renewal's cost (measured: about
@@ -405,6 +408,8 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
     let deadline = lease.deadline();
     let now = Instant::now();
     if now >= deadline {
+        // A renewal still queued behind a slow batch must not hold up the loss.
+        lease.withdraw_queued_renewal(Duration::ZERO);
         if lease.lose_if_expired() || lease.gate_closing() {
             return None;
         }
@@ -413,8 +418,13 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
     }
     if lease.can_batch() && !lease.take_batch_failed() {
         match lease.try_gate_owned() {
-            // An extend (or the previous renewal) is in flight: look again shortly.
-            Err(()) => return Some((now + MIN_RETRY).min(deadline)),
+            // An extend (or the previous renewal) is in flight: look again shortly, unless
+            // the previous renewal still waits behind a slow batch: then it goes on its own.
+            Err(()) => {
+                if !lease.withdraw_queued_renewal(QUEUE_PATIENCE) {
+                    return Some((now + MIN_RETRY).min(deadline));
+                }
+            }
             Ok(None) => return None,
             Ok(Some(ticket)) => {
                 let due = lease.next_renewal();

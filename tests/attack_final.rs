@@ -60,13 +60,14 @@ fn watch_for_flip(
 /// late, within the 5 s I/O timeout and within X's own lease) kept every renewal queued
 /// behind it waiting, holding its lock's gate: lock Y, taken meanwhile with a 600 ms lease
 /// on a server that answers Y at once, was neither renewed nor reported lost at its
-/// deadline. Now a renewal that could wait past its cutoff is not queued (it goes on its
-/// own), and a queued one whose cutoff passes is completed unsent.
+/// deadline. Now a renewal that waits in the queue is taken back by its thread and sent on
+/// its own, and a queued one whose cutoff passes is completed unsent.
 ///
 /// Promise: a lock's renewal either succeeds or reports the loss on time (at the local
-/// deadline); never a lock neither renewed nor reported lost.
+/// deadline); never a lock neither renewed nor reported lost. Here the server answers, so
+/// it succeeds.
 #[test]
-fn a_slow_batch_of_one_lock_does_not_hold_up_the_loss_report_of_another() {
+fn a_slow_batch_of_one_lock_does_not_hold_up_the_renewal_of_another() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
@@ -89,23 +90,66 @@ fn a_slow_batch_of_one_lock_does_not_hold_up_the_loss_report_of_another() {
         .try_acquire()
         .unwrap();
     let lost = quick.lost();
-    let outcome = lost.recv_timeout(Duration::from_secs(8));
+    let outcome = lost.recv_timeout(Duration::from_secs(4));
     let late = taken.elapsed();
     let held_after = quick.is_held();
     let renewed_on_server = pttl(&server, "stall-quick");
     drop(quick);
     drop(slow);
-    // Either Y was kept (renewed: the server answered it at once) or its loss was reported
-    // near its 600 ms deadline; a report seconds late is the stranded renewal.
+    // The server answers Y at once: Y's renewal, stuck behind X's batch, is taken back
+    // and sent on its own, so Y stays held through X's 3 s stall. (Before the fix Y was
+    // reported lost only when X's batch ended, seconds after its deadline.)
     match outcome {
-        Err(_) => assert!(held_after, "Y neither lost nor held after 8 s"),
-        Ok(reason) => assert!(
-            late < Duration::from_millis(1800),
-            "Y (600 ms lease, server answering it at once) was reported lost ({reason:?}) only \
-             {late:?} after it was taken, when X's slow batch ended; its renewal waited \
-             behind X's batch (server PTTL of Y then: {renewed_on_server} ms)"
+        Err(_) => assert!(held_after, "Y neither lost nor held after 4 s"),
+        Ok(reason) => panic!(
+            "Y (600 ms lease, server answering it at once) was lost ({reason:?}) {late:?} \
+             after it was taken: its renewal waited behind X's batch (server PTTL of Y then: \
+             {renewed_on_server} ms)"
         ),
     }
+    assert!(renewed_on_server > 0, "Y's key is gone on the server");
+}
+
+/// As above, but Y's own requests are slow too (its renewal, batched or on its own, gets
+/// no reply before its deadline): Y's loss is reported at its deadline, not when X's slow
+/// batch ends.
+#[test]
+fn a_slow_batch_of_one_lock_does_not_hold_up_the_loss_report_of_another() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
+    let slow = client
+        .lock("stall-slow")
+        .ttl(Duration::from_millis(6000))
+        .try_acquire()
+        .unwrap();
+    let rule = proxy.on_request(b"stall-slow", 1, Action::DelayReply(Duration::from_secs(3)));
+    assert!(
+        eventually(Duration::from_secs(5), || proxy.matched(rule) == 1),
+        "X's renewal was not sent"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let quick = client
+        .lock("stall-quick")
+        .ttl(Duration::from_millis(600))
+        .try_acquire()
+        .unwrap();
+    let taken = Instant::now();
+    // From now on every request about Y gets its reply 3 s late.
+    let _slow_y = proxy.on_request(
+        b"stall-quick",
+        100,
+        Action::DelayReply(Duration::from_secs(3)),
+    );
+    let reason = quick.lost().recv_timeout(Duration::from_secs(8));
+    let late = taken.elapsed();
+    drop(quick);
+    drop(slow);
+    assert!(reason.is_ok(), "Y was never reported lost");
+    assert!(
+        late < Duration::from_millis(1500),
+        "Y (600 ms lease) was reported lost {late:?} after it was taken"
+    );
 }
 
 /// What the extend's thread returns: its result, then `is_held()` and `remaining()` right

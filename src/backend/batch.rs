@@ -47,9 +47,9 @@ pub(crate) struct Batcher {
 
 #[derive(Default)]
 struct Queue {
-    items: Vec<Item>,
-    /// The cutoff of the batch being written or read, if any: it may take until then.
-    in_flight: Option<Instant>,
+    /// Queued items and their ids.
+    items: Vec<(u64, Item)>,
+    next_id: u64,
     running: bool,
     /// The node is gone: the thread exits.
     closed: bool,
@@ -62,23 +62,17 @@ impl Batcher {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hands `item` to `node`'s batching thread (starting it if needed). Never blocks for
-    /// I/O. Every queued item is completed by its cutoff (plus scheduling): one that could
-    /// wait behind a batch in flight past its own cutoff is refused, and one whose cutoff
-    /// passes in the queue is completed with a timeout, unsent.
+    /// Hands `item` to `node`'s batching thread (starting it if needed); returns its id,
+    /// with which the submitter may [`withdraw`](Self::withdraw) it while it is still
+    /// queued (behind a slow batch). Never blocks for I/O. An item whose cutoff passes
+    /// while it is queued is completed with a timeout, unsent.
     ///
-    /// Errors (the item's completion is then not run; the caller sends it on its own):
-    /// a batch in flight may take longer than the item's cutoff allows; the OS refuses a
-    /// thread (the items others queued meanwhile are then completed with that error).
-    pub fn submit(node: &Arc<Node>, item: Item, io: Duration) -> Result<()> {
+    /// Errors only when the OS refuses a thread: the item's completion is then not run
+    /// (the caller handles the error), and the items others queued meanwhile are
+    /// completed with that error.
+    pub fn submit(node: &Arc<Node>, item: Item, io: Duration) -> Result<u64> {
         let batcher = node.batcher.clone();
         let mut queue = batcher.queue();
-        if queue.in_flight.is_some_and(|end| end > item.cutoff) {
-            return Err(Error::new(
-                ErrorKind::Timeout,
-                "a batch in flight may outlast this request's cutoff",
-            ));
-        }
         if !queue.running {
             // Started before the item is queued: if no thread can be had, nothing of
             // ours is left in a queue that nobody serves.
@@ -100,20 +94,30 @@ impl Batcher {
                     queue.running = false;
                     std::mem::take(&mut queue.items)
                 };
-                for other in stranded {
+                for (_, other) in stranded {
                     (other.done)(Err(failed.clone()), Instant::now());
                 }
                 return Err(failed);
             }
             queue = batcher.queue();
         }
-        queue.items.push(item);
+        queue.next_id += 1;
+        let id = queue.next_id;
+        queue.items.push((id, item));
         let wake = queue.sleeping;
         drop(queue);
         if wake {
             batcher.work.notify_one();
         }
-        Ok(())
+        Ok(id)
+    }
+
+    /// Takes back item `id` if no batch has taken it yet (the caller then completes it);
+    /// `None` once it is in a batch (which ends by the item's cutoff) or completed.
+    pub fn withdraw(&self, id: u64) -> Option<Item> {
+        let mut queue = self.queue();
+        let at = queue.items.iter().position(|(queued, _)| *queued == id)?;
+        Some(queue.items.remove(at).1)
     }
 
     /// The node is being dropped: the thread exits (without holding the node meanwhile).
@@ -162,12 +166,11 @@ fn serve(batcher: &Batcher, node: Weak<Node>, io: Duration) {
             }
             let take = queue.items.len().min(MAX_BATCH);
             let now = Instant::now();
-            let (items, late): (Vec<Item>, Vec<Item>) = queue
+            queue
                 .items
                 .drain(..take)
-                .partition(|item| item.cutoff > now);
-            queue.in_flight = items.iter().map(|item| item.cutoff).min();
-            (items, late)
+                .map(|(_, item)| item)
+                .partition::<Vec<Item>, _>(|item| item.cutoff > now)
         };
         let (items, late) = items;
         for item in late {
@@ -188,7 +191,6 @@ fn serve(batcher: &Batcher, node: Weak<Node>, io: Duration) {
                 }
             }
         }
-        batcher.queue().in_flight = None;
     }
 }
 
