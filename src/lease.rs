@@ -148,6 +148,11 @@ impl Gate {
         }
     }
 
+    /// Lets nothing enter any more: a release is about to close the gate.
+    fn begin_close(&self) {
+        self.state().closing = true;
+    }
+
     /// Waits while an extend or renewal is in flight, then closes the gate for good.
     fn close(&self) {
         let mut s = self.state();
@@ -207,6 +212,10 @@ impl LeaseState {
         self.cap.map_or(self.leased, |cap| cap.min(self.leased))
     }
 }
+
+/// The shortest lease whose renewals are batched: a batch waits a few milliseconds to
+/// gather renewals, a few percent of this.
+const BATCH_MIN_TTL: Duration = Duration::from_millis(200);
 
 /// Safety margin subtracted from a lease for clock drift (the Redlock paper's 1 % plus 2 ms).
 pub(crate) fn drift(ttl: Duration) -> Duration {
@@ -298,7 +307,11 @@ impl Lease {
     }
 
     /// Closes the gate, waiting for an extend or renewal in flight: none is sent afterwards.
+    /// A renewal still queued behind another lock's slow batch is taken back (unsent)
+    /// rather than waited for.
     pub fn close_gate(&self) {
+        self.gate.begin_close();
+        self.withdraw_queued_renewal(Duration::ZERO);
         self.gate.close();
     }
 
@@ -648,9 +661,12 @@ impl Lease {
 
     /// Whether renewals can be batched with other locks' (see [`crate::backend::batch`]):
     /// not for Redlock (a renewal is a round on every member) nor with `min_replicas`
-    /// (its `WAIT` belongs to its own connection).
+    /// (its `WAIT` belongs to its own connection), nor for leases under
+    /// [`BATCH_MIN_TTL`], whose renewals cannot spare the batch's gathering time.
     pub fn can_batch(&self) -> bool {
-        self.replicas.is_none() && self.backend.redlock_members().is_none()
+        self.replicas.is_none()
+            && self.backend.redlock_members().is_none()
+            && self.ttl() >= BATCH_MIN_TTL
     }
 
     /// Hands one renewal (with the ttl renewal uses) to the batching thread of the lock's

@@ -50,6 +50,8 @@ struct Queue {
     /// Queued items and their ids.
     items: Vec<(u64, Item)>,
     next_id: u64,
+    /// When the batch being written or read was taken from the queue, if any.
+    in_flight_since: Option<Instant>,
     running: bool,
     /// The node is gone: the thread exits.
     closed: bool,
@@ -67,12 +69,23 @@ impl Batcher {
     /// queued (behind a slow batch). Never blocks for I/O. An item whose cutoff passes
     /// while it is queued is completed with a timeout, unsent.
     ///
-    /// Errors only when the OS refuses a thread: the item's completion is then not run
-    /// (the caller handles the error), and the items others queued meanwhile are
-    /// completed with that error.
+    /// Errors (the item's completion is then not run; the caller sends it on its own):
+    /// the batch in flight has already taken more than a quarter of the time the item has
+    /// left (a slow reply holds it up); the OS refuses a thread (the items others queued
+    /// meanwhile are then completed with that error).
     pub fn submit(node: &Arc<Node>, item: Item, io: Duration) -> Result<u64> {
         let batcher = node.batcher.clone();
         let mut queue = batcher.queue();
+        let now = Instant::now();
+        if let Some(since) = queue.in_flight_since {
+            if now.saturating_duration_since(since) > item.cutoff.saturating_duration_since(now) / 4
+            {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    "the batch in flight is slow; this request goes on its own",
+                ));
+            }
+        }
         if !queue.running {
             // Started before the item is queued: if no thread can be had, nothing of
             // ours is left in a queue that nobody serves.
@@ -166,6 +179,7 @@ fn serve(batcher: &Batcher, node: Weak<Node>, io: Duration) {
             }
             let take = queue.items.len().min(MAX_BATCH);
             let now = Instant::now();
+            queue.in_flight_since = Some(now);
             queue
                 .items
                 .drain(..take)
@@ -191,11 +205,20 @@ fn serve(batcher: &Batcher, node: Weak<Node>, io: Duration) {
                 }
             }
         }
+        batcher.queue().in_flight_since = None;
     }
 }
 
+/// Writes `items` as one request and completes each with its reply. The batch gives up
+/// halfway to the earliest cutoff among them: replies come back in order, so one slow
+/// reply holds up all the others, and each must keep time to be sent again on its own.
 fn run_batch(node: &Node, items: Vec<Item>, io: Duration) {
-    let cutoff = items.iter().map(|i| i.cutoff).min();
+    let now = Instant::now();
+    let cutoff = items
+        .iter()
+        .map(|i| i.cutoff)
+        .min()
+        .map(|c| now + c.saturating_duration_since(now) / 2);
     let mut calls = Vec::with_capacity(items.len());
     let mut dones = Vec::with_capacity(items.len());
     for item in items {
