@@ -494,9 +494,9 @@ int32_t lock_release(lock_t lock);
  * for a renewal in flight, then one round trip, cut off at the lease's local deadline.
  * Results: `LOCK_OK`, `LOCK_NOT_HELD` (the lock was lost, now or before, also when the
  * extend was not confirmed before the lease ended: a loss is final), `LOCK_ERR_ARGUMENT`
- * (ttl under 10 ms),
- * `LOCK_ERR_HANDLE`, `LOCK_ERR_CONNECTION` (the extend may or may not have happened; the
- * lock then never assumes more than the shorter of the two ttls again), `LOCK_ERR_REDIS`.
+ * (ttl under 10 ms), `LOCK_ERR_HANDLE`, `LOCK_ERR_CONNECTION` (the extend may or may not
+ * have happened; the lock then never assumes more than the shorter of the two ttls
+ * again), `LOCK_ERR_REDIS`.
  */
 int32_t lock_extend(lock_t lock, uint64_t ttl_ms);
 

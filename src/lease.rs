@@ -743,7 +743,7 @@ impl Lease {
         };
         let withdrawn = Error::new(
             ErrorKind::Timeout,
-            "the renewal waited behind a slow batch; it goes on its own",
+            "the renewal was taken back from its batch before it was sent",
         );
         (item.done)(Err(withdrawn), Instant::now());
         true

@@ -774,9 +774,9 @@ pub extern "C" fn lock_release(lock: lock_t) -> i32 {
 /// for a renewal in flight, then one round trip, cut off at the lease's local deadline.
 /// Results: `LOCK_OK`, `LOCK_NOT_HELD` (the lock was lost, now or before, also when the
 /// extend was not confirmed before the lease ended: a loss is final), `LOCK_ERR_ARGUMENT`
-/// (ttl under 10 ms),
-/// `LOCK_ERR_HANDLE`, `LOCK_ERR_CONNECTION` (the extend may or may not have happened; the
-/// lock then never assumes more than the shorter of the two ttls again), `LOCK_ERR_REDIS`.
+/// (ttl under 10 ms), `LOCK_ERR_HANDLE`, `LOCK_ERR_CONNECTION` (the extend may or may not
+/// have happened; the lock then never assumes more than the shorter of the two ttls
+/// again), `LOCK_ERR_REDIS`.
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_extend(lock: lock_t, ttl_ms: u64) -> i32 {
     boundary(|| with_guard(lock, |g| Ok(g.extend(millis(ttl_ms))?)))
