@@ -21,14 +21,6 @@ fn options(io_ms: u64) -> ClientOptions {
         .connect_timeout(Duration::from_millis(io_ms.min(2000)))
 }
 
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    server.cmd(&["PTTL", key])
-}
-
-fn get(server: &RedisServer, key: &str) -> Option<String> {
-    server.cmd(&["GET", key])
-}
-
 /// Samples `is_held()` on a thread until `stop`; returns whether it was ever seen false and
 /// then true again (a lease that came back after it had ended).
 fn watch_for_flip(
@@ -93,7 +85,7 @@ fn a_slow_batch_of_one_lock_does_not_hold_up_the_renewal_of_another() {
     let outcome = lost.recv_timeout(Duration::from_secs(4));
     let late = taken.elapsed();
     let held_after = quick.is_held();
-    let renewed_on_server = pttl(&server, "stall-quick");
+    let renewed_on_server = server.pttl("stall-quick");
     drop(quick);
     drop(slow);
     // The server answers Y at once: Y's renewal, stuck behind X's batch, is taken back
@@ -223,7 +215,7 @@ fn an_extend_whose_reply_comes_after_its_lease_ended_is_not_reported_as_success(
     let (result, held_after, remaining_after) = extender.join().unwrap();
     let returned_at = called.elapsed();
     let second_held = second.is_held();
-    let owner = get(&server, name);
+    let owner = server.get(name);
     drop(second);
     drop(guard);
     assert!(second_held);
@@ -430,7 +422,7 @@ fn reentrant_guards_extending_and_releasing_from_two_threads_stay_consistent() {
         .release()
         .expect("a hold of a lock held without a break");
     std::thread::sleep(Duration::from_millis(1000));
-    let key_after_first_release = get(&server, name);
+    let key_after_first_release = server.get(name);
     stop.store(true, Ordering::SeqCst);
     let (first, extends, failures) = extender.join().unwrap();
     assert!(failures.is_empty(), "extends failed: {failures:?}");
@@ -480,7 +472,7 @@ fn a_foreign_delete_between_renewals_is_a_final_loss() {
     );
     let err = guard.release().unwrap_err();
     assert!(err.is_not_held(), "{err}");
-    assert_eq!(get(&server, name).as_deref(), Some(second.token()));
+    assert_eq!(server.get(name).as_deref(), Some(second.token()));
     assert!(second.is_held());
     second.release().unwrap();
 }
@@ -515,7 +507,7 @@ fn a_script_flush_and_a_foreign_write_in_shared_batches_lose_only_the_overwritte
     }
     let reason = victim.recv_timeout(Duration::from_secs(3));
     assert_eq!(reason, Ok(LostReason::NotHeld));
-    assert_eq!(get(&server, "mix-2").as_deref(), Some("intruder"));
+    assert_eq!(server.get("mix-2").as_deref(), Some("intruder"));
     for (i, guard) in guards.iter().enumerate() {
         if i == 2 {
             assert!(!guard.is_held());
@@ -528,8 +520,8 @@ fn a_script_flush_and_a_foreign_write_in_shared_batches_lose_only_the_overwritte
             ttls[i],
             guard.lost_reason()
         );
-        assert_eq!(get(&server, &key).as_deref(), Some(guard.token()));
-        assert!(pttl(&server, &key) > 0);
+        assert_eq!(server.get(&key).as_deref(), Some(guard.token()));
+        assert!(server.pttl(&key) > 0);
     }
     for (i, guard) in guards.into_iter().enumerate() {
         let released = guard.release();
@@ -539,7 +531,7 @@ fn a_script_flush_and_a_foreign_write_in_shared_batches_lose_only_the_overwritte
             released.unwrap();
         }
     }
-    assert_eq!(get(&server, "mix-2").as_deref(), Some("intruder"));
+    assert_eq!(server.get("mix-2").as_deref(), Some("intruder"));
 }
 
 /// A release after a loss whose reply is dropped reports a connection error of unknown
@@ -565,7 +557,7 @@ fn a_release_after_a_loss_whose_reply_is_lost_reports_an_unknown_outcome() {
     lost.recv_timeout(Duration::from_secs(5)).expect("lost");
     assert!(proxy.matched(rule) >= 1);
     proxy.clear_rules();
-    assert!(pttl(&server, name) > 0, "renewals ran on the server");
+    assert!(server.pttl(name) > 0, "renewals ran on the server");
     let drop_release = proxy.on_request(b":handoff", 1, Action::DropReply);
     let err = guard.release().unwrap_err();
     assert_eq!(proxy.matched(drop_release), 1);

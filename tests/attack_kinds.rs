@@ -27,16 +27,8 @@ fn quick_client(url: &str, io_ms: u64) -> Client {
     Client::with_options(url, options).unwrap()
 }
 
-fn get(server: &RedisServer, key: &str) -> Option<String> {
-    server.cmd(&["GET", key])
-}
-
 fn exists(server: &RedisServer, key: &str) -> bool {
     server.cmd::<i64>(&["EXISTS", key]) == 1
-}
-
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    server.cmd(&["PTTL", key])
 }
 
 /// Nanoseconds on the monotonic clock since the first call (shared by every thread).
@@ -122,12 +114,12 @@ fn a_reentry_from_another_client_keeps_its_ttl_when_the_first_holder_renews_shor
         .unwrap();
     assert_eq!(first.token(), second.token(), "one acquisition, two holds");
     assert!(
-        pttl(&server, "shared-job") > 15_000,
+        server.pttl("shared-job") > 15_000,
         "the re-entry set the lease to at least its ttl"
     );
     // The first holder's renewal (every 100 ms) runs at least once.
     std::thread::sleep(Duration::from_millis(250));
-    let after_renewal = pttl(&server, "shared-job");
+    let after_renewal = server.pttl("shared-job");
     first.release().unwrap();
     std::thread::sleep(Duration::from_millis(600));
     assert!(second.is_held(), "the second guard believes it holds");
@@ -167,10 +159,10 @@ fn a_reentry_joining_a_fixed_lease_is_held_for_its_own_ttl() {
         .ttl(Duration::from_secs(20))
         .try_acquire()
         .unwrap();
-    assert!(pttl(&server, "fixed-outer") > 15_000);
+    assert!(server.pttl("fixed-outer") > 15_000);
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
-        get(&server, "fixed-outer").as_deref(),
+        server.get("fixed-outer").as_deref(),
         Some(inner.token()),
         "the key still holds the token"
     );
@@ -179,7 +171,7 @@ fn a_reentry_joining_a_fixed_lease_is_held_for_its_own_ttl() {
         "the re-entry with a 20 s ttl is no longer held locally after 500 ms \
          (remaining {:?}, key PTTL {} ms)",
         inner.remaining(),
-        pttl(&server, "fixed-outer")
+        server.pttl("fixed-outer")
     );
     drop(outer);
     inner.release().unwrap();
@@ -222,12 +214,12 @@ fn a_reentry_never_returns_a_guard_that_is_already_lost() {
     assert!(proxy.matched(rule) >= 1);
     proxy.clear_rules();
     assert_eq!(
-        get(&server, "lost-then-reentered").as_deref(),
+        server.get("lost-then-reentered").as_deref(),
         Some(first.token()),
         "the key still holds the token (the renewal ran)"
     );
     assert!(
-        pttl(&server, "lost-then-reentered") > 200,
+        server.pttl("lost-then-reentered") > 200,
         "the renewal extended the key"
     );
     match c
@@ -332,7 +324,7 @@ fn a_thread_owned_reentry_through_a_second_client_is_not_shortened_by_an_extend(
     std::thread::sleep(Duration::from_millis(300));
     assert!(second.is_held());
     assert_eq!(
-        get(&server, "two-handles").as_deref(),
+        server.get("two-handles").as_deref(),
         Some(second.token()),
         "the key expired under a guard that says it holds it for {:?} more; a stranger \
          can take it: {:?}",
@@ -512,7 +504,7 @@ fn reentrant_releases_whose_replies_are_dropped_still_release_with_the_last_hold
     assert_eq!(proxy.matched(rule), 1);
     assert!(err.outcome_unknown(), "{err}");
     assert!(first.is_held());
-    assert_eq!(get(&server, name).as_deref(), Some(first.token()));
+    assert_eq!(server.get(name).as_deref(), Some(first.token()));
     let rule = proxy.on_request(b":handoff", 1, Action::DropReply);
     let err = first.release().unwrap_err();
     assert_eq!(proxy.matched(rule), 1);
@@ -558,7 +550,7 @@ fn a_stale_holds_record_never_lets_an_owner_into_a_foreign_lock() {
     );
     let err = first.release().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
-    assert_eq!(get(&server, name).as_deref(), Some("foreign-holder"));
+    assert_eq!(server.get(name).as_deref(), Some("foreign-holder"));
     server.cmd::<i64>(&["DEL", name]);
     let again = other.lock(name).reentrant_as(owner).try_acquire().unwrap();
     let plain = c.lock(name).try_acquire().unwrap_err();
@@ -598,7 +590,7 @@ fn old_holds_of_a_lock_taken_again_by_the_same_owner_release_nothing_of_the_new_
         "the new acquisition's two holds are intact"
     );
     rejoined.release().unwrap();
-    assert_eq!(get(&server, name).as_deref(), Some(new.token()));
+    assert_eq!(server.get(name).as_deref(), Some(new.token()));
     new.release().unwrap();
     assert!(!exists(&server, name));
     assert!(!exists(&server, "redlease:holds:{handover}"));
@@ -664,7 +656,7 @@ fn a_shared_lease_is_renewed_after_the_first_guard_is_released() {
     std::thread::sleep(ttl * 4);
     assert!(second.is_held());
     assert_eq!(
-        get(&server, "shared-renewal").as_deref(),
+        server.get("shared-renewal").as_deref(),
         Some(token.as_str())
     );
     second.release().unwrap();
@@ -1284,7 +1276,7 @@ fn a_semaphore_of_u32_max_permits_and_max_ttl_keeps_exact_bookkeeping() {
             .all(|w| w[1].fencing_token() > w[0].fencing_token())
     );
     assert_eq!(server.cmd::<i64>(&["ZCARD", "huge"]), 20);
-    assert!(pttl(&server, "huge") > (1i64 << 40) - 60_000);
+    assert!(server.pttl("huge") > (1i64 << 40) - 60_000);
     permits[0].extend(redlease::MAX_TTL).unwrap();
     // A caller counting 20 permits finds the same name full (the count is the caller's).
     assert_eq!(
@@ -1315,7 +1307,7 @@ fn a_semaphore_of_u32_max_permits_and_max_ttl_keeps_exact_bookkeeping() {
         .ttl(redlease::MAX_TTL)
         .try_acquire()
         .unwrap();
-    assert!(pttl(&server, "huge-re") > (1i64 << 40) - 60_000);
+    assert!(server.pttl("huge-re") > (1i64 << 40) - 60_000);
     drop((again, re));
     assert!(!exists(&server, "huge-re"));
 }

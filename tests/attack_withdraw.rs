@@ -24,14 +24,6 @@ fn options(io_ms: u64) -> ClientOptions {
         .connect_timeout(Duration::from_millis(io_ms.min(2000)))
 }
 
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    server.cmd(&["PTTL", key])
-}
-
-fn get(server: &RedisServer, key: &str) -> Option<String> {
-    server.cmd(&["GET", key])
-}
-
 /// Loads the acquire, extend and release scripts through `client`, so that a held-back
 /// reply is never a NOSCRIPT one.
 fn warm(client: &Client) {
@@ -124,7 +116,7 @@ fn an_extend_while_its_renewal_is_queued_behind_a_slow_batch_is_bounded_and_succ
     let lost = quick.lost();
     let outcome = lost.recv_timeout(Duration::from_millis(2500));
     let held = quick.is_held();
-    let server_pttl = pttl(&server, "ext-quick");
+    let server_pttl = server.pttl("ext-quick");
     let released = quick.release();
     drop(slow);
     extended.expect("Y's server answers: the extend succeeds");
@@ -249,7 +241,7 @@ fn locks_sharing_a_batch_with_a_slow_lock_stay_renewed() {
     let at_loss = first_lost
         .recv_timeout(Duration::from_millis(1600))
         .ok()
-        .map(|reason| (reason, pttl(&server, "share-0")));
+        .map(|reason| (reason, server.pttl("share-0")));
     std::thread::sleep(Duration::from_millis(200));
     let mut lost = Vec::new();
     for (i, guard) in quick.iter().enumerate() {
@@ -258,8 +250,8 @@ fn locks_sharing_a_batch_with_a_slow_lock_stay_renewed() {
             lost.push(format!(
                 "{key}: lost {:?}, server PTTL {} ms, owner is us: {}",
                 guard.lost_reason(),
-                pttl(&server, &key),
-                get(&server, &key).as_deref() == Some(guard.token())
+                server.pttl(&key),
+                server.get(&key).as_deref() == Some(guard.token())
             ));
         }
     }
@@ -321,7 +313,7 @@ fn hundreds_of_mixed_ttl_locks_stay_renewed_while_one_locks_replies_are_slow() {
             lost.push(format!(
                 "{key} ({ttl} ms): {:?}, server PTTL {}",
                 guard.lost_reason(),
-                pttl(&server, &key)
+                server.pttl(&key)
             ));
         }
     }
@@ -492,7 +484,7 @@ fn reentrant_holds_extend_and_release_while_their_shared_renewal_is_queued() {
     let (extended, extend_took) = extender.join().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let held = first.is_held();
-    let owner_now = get(&server, "reent-quick");
+    let owner_now = server.get("reent-quick");
     let first = Arc::try_unwrap(first).unwrap();
     let token = first.token().to_owned();
     let last = first.release();

@@ -25,13 +25,6 @@ fn set(conn: &mut redis::Connection, key: &str, value: &str) -> redis::RedisResu
     redis::cmd("SET").arg(key).arg(value).query(conn)
 }
 
-fn get(server: &RedisServer, key: &str) -> Option<String> {
-    redis::cmd("GET")
-        .arg(key)
-        .query(&mut server.conn())
-        .unwrap()
-}
-
 /// A raw TCP connection to the proxy, for exact control over bytes on the wire.
 fn raw(proxy: &Proxy) -> TcpStream {
     let s = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
@@ -59,7 +52,7 @@ fn passes_traffic_through_and_records_requests() {
     set(&mut conn, "pass-key", "v1").unwrap();
     let got: String = redis::cmd("GET").arg("pass-key").query(&mut conn).unwrap();
     assert_eq!(got, "v1");
-    assert_eq!(get(&server, "pass-key").as_deref(), Some("v1"));
+    assert_eq!(server.get("pass-key").as_deref(), Some("v1"));
     let big = "x".repeat(300_000);
     set(&mut conn, "big-key", &big).unwrap();
     let got: String = redis::cmd("GET").arg("big-key").query(&mut conn).unwrap();
@@ -100,11 +93,11 @@ fn reply_and_request_delays_are_applied() {
         tx.send(start.elapsed()).unwrap();
     });
     std::thread::sleep(Duration::from_millis(60));
-    assert_eq!(get(&server, "delayed-req"), None, "request forwarded early");
+    assert_eq!(server.get("delayed-req"), None, "request forwarded early");
     let elapsed = rx.recv_timeout(TIMEOUT).unwrap();
     assert!(elapsed >= d, "{elapsed:?}");
     t.join().unwrap();
-    assert_eq!(get(&server, "delayed-req").as_deref(), Some("1"));
+    assert_eq!(server.get("delayed-req").as_deref(), Some("1"));
     proxy.set_request_delay(Duration::ZERO);
 
     // Not serialised: replies to two requests sent 50 ms apart go out 50 ms apart, each
@@ -158,7 +151,7 @@ fn drop_reply_runs_the_command_but_the_client_never_hears() {
     let rule = proxy.on_request(b"drop-me", 1, Action::DropReply);
     let err = set(&mut conn, "drop-me", "v").unwrap_err();
     assert!(err.is_timeout(), "{err:?}");
-    assert_eq!(get(&server, "drop-me").as_deref(), Some("v"));
+    assert_eq!(server.get("drop-me").as_deref(), Some("v"));
     assert_eq!(proxy.matched(rule), 1);
 }
 
@@ -175,7 +168,7 @@ fn reset_before_reply_runs_the_command_and_kills_the_connection() {
         "reset, not a timeout"
     );
     assert!(err.is_io_error() || err.is_connection_dropped(), "{err:?}");
-    assert_eq!(get(&server, "reset-reply").as_deref(), Some("v"));
+    assert_eq!(server.get("reset-reply").as_deref(), Some("v"));
     assert_eq!(proxy.matched(rule), 1);
     assert!(support::eventually(TIMEOUT, || proxy.open_connections() == 0));
 
@@ -202,14 +195,14 @@ fn reset_before_request_never_runs_the_command() {
     );
     assert!(err.is_io_error() || err.is_connection_dropped(), "{err:?}");
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(get(&server, "never-run"), None);
+    assert_eq!(server.get("never-run"), None);
     assert_eq!(proxy.matched(rule), 1);
     // It was seen, though.
     assert!(proxy.requests().contains(&args(&["SET", "never-run", "v"])));
     // A new connection works.
     let mut conn = connect(&proxy.url(), TIMEOUT);
     set(&mut conn, "never-run", "w").unwrap();
-    assert_eq!(get(&server, "never-run").as_deref(), Some("w"));
+    assert_eq!(server.get("never-run").as_deref(), Some("w"));
 }
 
 #[test]
@@ -228,16 +221,16 @@ fn delay_request_holds_the_request_and_those_behind_it() {
     s.write_all(b"*3\r\n$3\r\nSET\r\n$6\r\nbehind\r\n$1\r\n2\r\n")
         .unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(get(&server, "held-req"), None);
+    assert_eq!(server.get("held-req"), None);
     assert_eq!(
-        get(&server, "behind"),
+        server.get("behind"),
         None,
         "a later request overtook the held one"
     );
     assert_eq!(read_n(&mut s, 10), b"+OK\r\n+OK\r\n");
     assert!(start.elapsed() >= Duration::from_millis(250));
-    assert_eq!(get(&server, "held-req").as_deref(), Some("1"));
-    assert_eq!(get(&server, "behind").as_deref(), Some("2"));
+    assert_eq!(server.get("held-req").as_deref(), Some("1"));
+    assert_eq!(server.get("behind").as_deref(), Some("2"));
     assert_eq!(proxy.matched(rule), 1);
 }
 
@@ -255,7 +248,7 @@ fn blackhole_holds_everything_until_released() {
         rx.recv_timeout(Duration::from_millis(200)).is_err(),
         "answered in a blackhole"
     );
-    assert_eq!(get(&server, "in-the-hole"), None);
+    assert_eq!(server.get("in-the-hole"), None);
     // New connections are accepted, but nothing flows.
     let mut s = raw(&proxy);
     s.write_all(b"PING\r\n").unwrap();
@@ -267,7 +260,7 @@ fn blackhole_holds_everything_until_released() {
     proxy.blackhole(false);
     rx.recv_timeout(TIMEOUT).unwrap().unwrap();
     t.join().unwrap();
-    assert_eq!(get(&server, "in-the-hole").as_deref(), Some("v"));
+    assert_eq!(server.get("in-the-hole").as_deref(), Some("v"));
     s.set_read_timeout(Some(TIMEOUT)).unwrap();
     assert_eq!(read_n(&mut s, 7), b"+PONG\r\n");
 }
@@ -285,7 +278,7 @@ fn reset_all_and_refuse_new() {
     assert_eq!(proxy.open_connections(), 0);
     assert!(set(&mut a, "k", "3").is_err());
     assert!(set(&mut b, "k", "3").is_err());
-    assert_eq!(get(&server, "k").as_deref(), Some("2"));
+    assert_eq!(server.get("k").as_deref(), Some("2"));
 
     proxy.refuse_new(true);
     let refused = redis::Client::open(proxy.url())

@@ -206,6 +206,16 @@ impl RedisServer {
         cmd.query(&mut self.conn()).expect("command")
     }
 
+    /// The value of `key` (`GET`), on a fresh connection.
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.cmd(&["GET", key])
+    }
+
+    /// The time `key` has left in ms (`PTTL`: -2 when it is gone, -1 without expiry).
+    pub fn pttl(&self, key: &str) -> i64 {
+        self.cmd(&["PTTL", key])
+    }
+
     /// How many calls of `command` succeeded, from `INFO commandstats` (e.g. "evalsha").
     /// Failed calls (such as an EVALSHA answered NOSCRIPT) are not counted.
     pub fn calls(&self, command: &str) -> u64 {
