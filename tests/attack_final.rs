@@ -63,18 +63,8 @@ fn a_slow_batch_of_one_lock_does_not_hold_up_the_renewal_of_another() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
-    let slow = client
-        .lock("stall-slow")
-        .ttl(Duration::from_millis(6000))
-        .try_acquire()
-        .unwrap();
     // X's first renewal (about 2 s in) runs on the server at once; its reply comes 3 s late.
-    let rule = proxy.on_request(b"stall-slow", 1, Action::DelayReply(Duration::from_secs(3)));
-    assert!(
-        eventually(Duration::from_secs(5), || proxy.matched(rule) == 1),
-        "X's renewal was not sent"
-    );
-    std::thread::sleep(Duration::from_millis(50));
+    let slow = support::stall_batcher(&proxy, &client, "stall-slow", Duration::from_secs(3));
     let taken = Instant::now();
     let quick = client
         .lock("stall-quick")
@@ -110,17 +100,8 @@ fn a_slow_batch_of_one_lock_does_not_hold_up_the_loss_report_of_another() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
-    let slow = client
-        .lock("stall-slow")
-        .ttl(Duration::from_millis(6000))
-        .try_acquire()
-        .unwrap();
-    let rule = proxy.on_request(b"stall-slow", 1, Action::DelayReply(Duration::from_secs(3)));
-    assert!(
-        eventually(Duration::from_secs(5), || proxy.matched(rule) == 1),
-        "X's renewal was not sent"
-    );
-    std::thread::sleep(Duration::from_millis(50));
+    // X's first renewal (about 2 s in) runs on the server at once; its reply comes 3 s late.
+    let slow = support::stall_batcher(&proxy, &client, "stall-slow", Duration::from_secs(3));
     let quick = client
         .lock("stall-quick")
         .ttl(Duration::from_millis(600))

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redlease::{Client, ClientOptions, ErrorKind, LockGuard};
+use redlease::{Client, ClientOptions, ErrorKind};
 use support::proxy::{Action, Proxy};
 use support::{RedisServer, eventually, within};
 
@@ -30,24 +30,6 @@ fn warm(client: &Client) {
     let g = client.lock("warm-scripts").try_acquire().unwrap();
     g.extend(Duration::from_secs(5)).unwrap();
     g.release().unwrap();
-}
-
-/// A renewed lock `name` of 6 s whose first renewal (about 2 s in) runs on the server at
-/// once but whose reply is held back `delay`: the node's batching thread is then stuck in
-/// that batch for `delay`. Returns once that renewal was written.
-fn stall_batcher(proxy: &Proxy, client: &Client, name: &str, delay: Duration) -> LockGuard {
-    let slow = client
-        .lock(name)
-        .ttl(Duration::from_millis(6000))
-        .try_acquire()
-        .unwrap();
-    let rule = proxy.on_request(name.as_bytes(), 1, Action::DelayReply(delay));
-    assert!(
-        eventually(Duration::from_secs(5), || proxy.matched(rule) == 1),
-        "the slow lock's renewal was not sent"
-    );
-    std::thread::sleep(Duration::from_millis(30));
-    slow
 }
 
 // ---------------------------------------------------------------------------------------
@@ -70,7 +52,7 @@ fn a_release_while_its_renewal_is_queued_behind_a_slow_batch_is_not_held_up_by_i
     let proxy = Proxy::start(server.port);
     let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
     warm(&client);
-    let slow = stall_batcher(&proxy, &client, "rel-slow", Duration::from_secs(3));
+    let slow = support::stall_batcher(&proxy, &client, "rel-slow", Duration::from_secs(3));
     let quick = client
         .lock("rel-quick")
         .ttl(Duration::from_millis(600))
@@ -103,7 +85,7 @@ fn an_extend_while_its_renewal_is_queued_behind_a_slow_batch_is_bounded_and_succ
     let proxy = Proxy::start(server.port);
     let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
     warm(&client);
-    let slow = stall_batcher(&proxy, &client, "ext-slow", Duration::from_secs(3));
+    let slow = support::stall_batcher(&proxy, &client, "ext-slow", Duration::from_secs(3));
     let quick = client
         .lock("ext-quick")
         .ttl(Duration::from_millis(600))
@@ -342,7 +324,7 @@ fn short_locks_stay_renewed_through_another_locks_stalled_batch() {
     let proxy = Proxy::start(server.port);
     let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
     warm(&client);
-    let slow = stall_batcher(&proxy, &client, "short-slow", Duration::from_secs(3));
+    let slow = support::stall_batcher(&proxy, &client, "short-slow", Duration::from_secs(3));
     let ttls = [200u64, 200, 200, 250, 250, 300, 450, 600];
     let guards: Vec<_> = ttls
         .iter()
@@ -457,7 +439,7 @@ fn reentrant_holds_extend_and_release_while_their_shared_renewal_is_queued() {
     let proxy = Proxy::start(server.port);
     let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
     warm(&client);
-    let slow = stall_batcher(&proxy, &client, "reent-slow", Duration::from_secs(3));
+    let slow = support::stall_batcher(&proxy, &client, "reent-slow", Duration::from_secs(3));
     let owner = "withdraw-attacker-owner-71d0";
     let hold = || {
         client

@@ -348,3 +348,26 @@ pub fn install_noop_handler(signal: i32, restart: bool) {
         assert_eq!(libc::sigaction(signal, &action, std::ptr::null_mut()), 0);
     }
 }
+
+/// A renewed lock `name` of 6 s, taken through `proxy`, whose first renewal (about 2 s in)
+/// runs on the server at once but whose reply is held back `delay`: the node's batching
+/// thread is then stuck in that batch for `delay`. Returns once that renewal was written.
+pub fn stall_batcher(
+    proxy: &proxy::Proxy,
+    client: &redlease::Client,
+    name: &str,
+    delay: Duration,
+) -> redlease::LockGuard {
+    let slow = client
+        .lock(name)
+        .ttl(Duration::from_millis(6000))
+        .try_acquire()
+        .expect("the slow lock");
+    let rule = proxy.on_request(name.as_bytes(), 1, proxy::Action::DelayReply(delay));
+    assert!(
+        eventually(Duration::from_secs(5), || proxy.matched(rule) == 1),
+        "the slow lock's renewal was not sent"
+    );
+    std::thread::sleep(Duration::from_millis(30));
+    slow
+}
