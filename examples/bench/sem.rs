@@ -8,7 +8,7 @@ use std::time::Duration;
 use redlease::Client;
 
 use crate::report::{Json, Spread};
-use crate::w2::{Reps, contend};
+use crate::w2::{alternate, contend};
 use crate::{Bench, TAG};
 
 const ACQUIRE_LUA: &str = "local t = redis.call('TIME') \
@@ -83,14 +83,11 @@ pub(crate) fn run(bench: &Bench) {
     let client = Client::open(&bench.url).expect("client");
     for &cs_ms in &bench.cfg.cs_ms {
         let cs = Duration::from_millis(cs_ms);
-        let (mut floors, mut mine, mut ratios) = (Reps::default(), Reps::default(), Vec::new());
-        for _ in 0..bench.cfg.reps {
-            let f = floor(bench, cs);
-            let o = ours(bench, &client, cs);
-            ratios.push(o.per_sec / f.per_sec);
-            floors.push(f);
-            mine.push(o);
-        }
+        let (floors, mine, ratios) = alternate(
+            bench.cfg.reps,
+            || floor(bench, cs),
+            || ours(bench, &client, cs),
+        );
         println!(
             "{}",
             Json::default()

@@ -170,6 +170,25 @@ where
     }
 }
 
+/// Runs the floor and the library `reps` times each, alternating so that the machine's
+/// drift hits both alike: their per-rep figures, and the library's acquisitions/s over the
+/// floor's, rep by rep.
+pub(crate) fn alternate(
+    reps: usize,
+    mut floor: impl FnMut() -> Contended,
+    mut ours: impl FnMut() -> Contended,
+) -> (Reps, Reps, Vec<f64>) {
+    let (mut floors, mut mine, mut ratios) = (Reps::default(), Reps::default(), Vec::new());
+    for _ in 0..reps {
+        let f = floor();
+        let o = ours();
+        ratios.push(o.per_sec / f.per_sec);
+        floors.push(f);
+        mine.push(o);
+    }
+    (floors, mine, ratios)
+}
+
 /// The W2 floor: threads polling `SET NX PX` every 1 ms, releasing with EVALSHA.
 fn floor(bench: &Bench, cs: Duration) -> Contended {
     let script = redis::Script::new(RELEASE_LUA);
@@ -233,14 +252,11 @@ pub(crate) fn run(bench: &Bench) {
     let round_trip = floor_us(bench) / 2.0;
     for &cs_ms in &bench.cfg.cs_ms {
         let cs = Duration::from_millis(cs_ms);
-        let (mut floors, mut mine, mut ratios) = (Reps::default(), Reps::default(), Vec::new());
-        for _ in 0..bench.cfg.reps {
-            let f = floor(bench, cs);
-            let o = ours(bench, &client, cs);
-            ratios.push(o.per_sec / f.per_sec);
-            floors.push(f);
-            mine.push(o);
-        }
+        let (floors, mine, ratios) = alternate(
+            bench.cfg.reps,
+            || floor(bench, cs),
+            || ours(bench, &client, cs),
+        );
         let p50 = mine.spread(|c| c.p50_us).median;
         println!(
             "{}",
