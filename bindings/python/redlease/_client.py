@@ -410,7 +410,20 @@ class Client:
         with self._close_lock:
             handle, self._handle = self._handle, 0
         if handle and self._pid == os.getpid():
-            _native.check(lib.lock_client_close(handle))
+            try:
+                _native.check(lib.lock_client_close(handle))
+            finally:
+                self._forget_locks()
+
+    def _forget_locks(self) -> None:
+        """Drops this client's locks from the registry: the library reports no loss for a
+        closed client's handles, and an entry kept for a Lock nobody touches again would
+        live as long as the object."""
+        with _REGISTRY:
+            for handle, ref in list(_LIVE.items()):
+                lk = ref()
+                if lk is not None and lk._client is self:
+                    del _LIVE[handle]
 
     def __enter__(self) -> "Client":
         return self

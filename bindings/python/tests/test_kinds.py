@@ -396,6 +396,7 @@ def test_closing_the_client_releases_permits_and_holds(server, r):
     reading = c.rwlock("closing-rw").read(wait=0).acquire()
     assert r.exists("closing") == 1 and r.exists("closing-rw") == 1
     c.close()
+    assert registry_is_empty()  # before any Lock object is touched again
     assert r.exists("closing") == 0 and r.exists("closing-rw") == 0
     assert not permit.held and not reading.held
     for hold in (permit, reading):
