@@ -391,7 +391,8 @@ int32_t lock_acquire_options_init(struct lock_acquire_options_t *opts, size_t si
  *
  * `wait_ms`: 0 tries once; `UINT64_MAX` waits as long as it takes; otherwise waits up to
  * that long. On `LOCK_OK`, `*out_lock` is a new handle to give back with `lock_release`.
- * Other results: `LOCK_BUSY` (still held by another owner when the wait ended),
+ * Other results: `LOCK_BUSY` (still held by another owner when the wait ended, or the
+ * last grant's lease ran out before it could be confirmed: see `lock_last_error`),
  * `LOCK_ERR_REPLICATION` (too few replicas acknowledged: rolled back; see
  * `lock_acquire_options_t.min_replicas`),
  * `LOCK_CANCELLED` (see `lock_cancel_all`), `LOCK_ERR_ARGUMENT` (NULL, empty, over-long,

@@ -162,7 +162,7 @@ impl Acquire<'_> {
                         registered = false;
                         plain_next = true;
                     }
-                    Settled::Again => return Err(self.busy()),
+                    Settled::Again => return Err(self.lapsed_as_taken()),
                     Settled::Failed(e) => return Err(self.give_up_by(e, true, None, cutoff)),
                 },
                 Ok(Attempt::Busy(_)) if was_last => {
@@ -208,6 +208,20 @@ impl Acquire<'_> {
         Error::new(
             ErrorKind::Busy,
             format!("lock {:?} is held by another owner", self.keys.lock),
+        )
+    }
+
+    /// The wait is over, and the last grant was lost as it was taken: its lease ran out
+    /// before it could be confirmed, or someone deleted the key.
+    fn lapsed_as_taken(&self) -> Error {
+        Error::new(
+            ErrorKind::Busy,
+            format!(
+                "lock {:?} was granted, but its {} ms lease ran out (or the key was deleted) \
+                 before the grant could be confirmed; nothing is held",
+                self.keys.lock,
+                self.ttl.as_millis()
+            ),
         )
     }
 

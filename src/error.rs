@@ -10,7 +10,8 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// Acquire: the wait ended while another owner held the lock.
+    /// Acquire: the wait ended while another owner held the lock, or with a grant whose
+    /// lease ran out before it could be confirmed (the message says which). Nothing is held.
     Busy,
     /// Release or extend: the key no longer holds this lock's token (it expired, or another
     /// owner took it), or the lock was already lost (a renewal found the token gone, or

@@ -147,3 +147,30 @@ fn a_lease_lost_before_settle_tries_again_instead_of_a_false_busy() {
         ),
     }
 }
+
+/// Without time left to try again, the same lapse ends the acquire as `Busy`, and its
+/// message tells what happened: it once said the lock was "held by another owner" while
+/// nobody held it.
+#[test]
+fn a_grant_that_lapsed_as_it_was_taken_is_not_blamed_on_another_owner() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = Client::with_options(&proxy.url(), ClientOptions::default()).unwrap();
+    warm(&client);
+    // The attempt's reply comes 250 ms late: the 100 ms lease it set is over, and settle's
+    // EXTEND finds the key gone.
+    proxy.on_request(b"lapsed", 1, Action::DelayReply(Duration::from_millis(250)));
+    let result = client
+        .lock("lapsed")
+        .ttl(Duration::from_millis(100))
+        .renew(false)
+        .try_acquire();
+    let e = result
+        .map(|_| ())
+        .expect_err("a lease over before it was confirmed is not held");
+    assert_eq!(e.kind(), redlease::ErrorKind::Busy);
+    let message = e.to_string();
+    assert!(!message.contains("another owner"), "{message}");
+    assert!(message.contains("lease ran out"), "{message}");
+    assert_eq!(server.cmd::<Option<String>>(&["GET", "lapsed"]), None);
+}

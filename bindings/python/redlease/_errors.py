@@ -15,7 +15,9 @@ class RedleaseError(Exception):
 
 class LockBusyError(RedleaseError):
     """The wait ended while another owner held the lock (for a semaphore: while no permit
-    was free; for a read-write lock: while that side was unavailable)."""
+    was free; for a read-write lock: while that side was unavailable), or with a grant whose
+    lease ran out before it could be confirmed (a lease of a few ms on a slow link; the
+    message says which). Nothing is held."""
 
 
 class LockNotHeldError(RedleaseError):
