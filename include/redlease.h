@@ -373,8 +373,9 @@ int32_t lock_client_open_redlock(const char *const *urls,
 /**
  * Closes a client. Every lock still held from it is released first (renewal stopped,
  * release sent; errors ignored) and its handle becomes invalid. Blocks for those releases.
- * An acquire (of any kind) still running on another thread when the client closes may
- * yet succeed; release that lock with `lock_release`.
+ * An acquire (of any kind) still waiting on another thread when the client closes waits
+ * on (`lock_cancel_all` ends it); if it is granted, it gives the lock back and returns
+ * `LOCK_ERR_HANDLE`: nothing stays held from a closed client.
  * Errors: `LOCK_ERR_HANDLE` for an unknown or already closed client.
  */
 int32_t lock_client_close(lock_client_t client);

@@ -422,8 +422,9 @@ pub unsafe extern "C" fn lock_client_open_redlock(
 
 /// Closes a client. Every lock still held from it is released first (renewal stopped,
 /// release sent; errors ignored) and its handle becomes invalid. Blocks for those releases.
-/// An acquire (of any kind) still running on another thread when the client closes may
-/// yet succeed; release that lock with `lock_release`.
+/// An acquire (of any kind) still waiting on another thread when the client closes waits
+/// on (`lock_cancel_all` ends it); if it is granted, it gives the lock back and returns
+/// `LOCK_ERR_HANDLE`: nothing stays held from a closed client.
 /// Errors: `LOCK_ERR_HANDLE` for an unknown or already closed client.
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_client_close(client: lock_client_t) -> i32 {
@@ -718,6 +719,17 @@ impl AcquireArgs {
                 owner_thread,
             })
         })?;
+        // A close of the client that ran during the wait could not release this lock: it
+        // did not exist yet. Give it back. (Whichever of the two removes the entry
+        // releases it: the close removes the client before it looks for its locks.)
+        if CLIENTS.get(client_handle).is_none() {
+            if let Some(entry) = LOCKS.remove(handle) {
+                if let Err(e) = entry.guard.release_shared() {
+                    log::warn!("releasing a lock acquired as its client was closed: {e}");
+                }
+            }
+            return Err(Failure::handle("client"));
+        }
         out.write(handle);
         Ok(())
     }

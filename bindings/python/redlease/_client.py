@@ -406,7 +406,9 @@ class Client:
     def close(self) -> None:
         """Releases every lock still held from this client (blocking for those releases),
         then closes it. Idempotent. The Lock objects of those locks then say they are not
-        held, and their ``release()`` raises :class:`InvalidHandleError`."""
+        held, and their ``release()`` raises :class:`InvalidHandleError`. An acquire still
+        waiting on another thread waits on (a cancel ends it); if it is granted, it gives
+        the lock back and raises :class:`InvalidHandleError`."""
         with self._close_lock:
             handle, self._handle = self._handle, 0
         if handle and self._pid == os.getpid():

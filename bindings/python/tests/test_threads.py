@@ -166,3 +166,33 @@ def test_lost_in_a_with_block_still_raises_with_threads(client, r):
             r.delete("lost-shared")
             assert lk.lost.wait(3.0)
     assert registry_is_empty()
+
+
+def test_an_acquire_that_ends_after_its_client_was_closed_holds_nothing(server, client, r):
+    # Another thread waits on client `c` when `c` is closed. The close cannot release a lock
+    # that does not exist yet; the acquire that is granted afterwards once returned a handle
+    # that stayed held and renewed, and a Lock no close would ever release.
+    import redlease
+
+    c = redlease.Client(server.url)
+    holder = client.acquire("closed-meanwhile", ttl=10.0, wait=0)
+    lk = c.lock("closed-meanwhile", ttl=10.0, wait=10.0)
+    outcome = []
+
+    def wait_for_it():
+        try:
+            lk.acquire()
+            outcome.append("acquired")
+        except InvalidHandleError as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=wait_for_it)
+    t.start()
+    time.sleep(0.3)  # blocked in the library, waiting for `holder`
+    c.close()
+    assert holder.release() is True
+    t.join(15)
+    assert len(outcome) == 1 and isinstance(outcome[0], InvalidHandleError), outcome
+    assert not lk.held
+    assert r.exists("closed-meanwhile") == 0
+    assert registry_is_empty()
