@@ -421,10 +421,16 @@ class Client:
         """Drops this client's locks from the registry: the library reports no loss for a
         closed client's handles, and an entry kept for a Lock nobody touches again would
         live as long as the object."""
+        # Chosen outside _REGISTRY: what allocates may run the collector, and with it a
+        # finaliser that calls the library.
+        mine = [
+            (handle, ref)
+            for handle, ref in list(_LIVE.items())
+            if getattr(ref(), "_client", None) is self
+        ]
         with _REGISTRY:
-            for handle, ref in list(_LIVE.items()):
-                lk = ref()
-                if lk is not None and lk._client is self:
+            for handle, ref in mine:
+                if _LIVE.get(handle) is ref:
                     del _LIVE[handle]
 
     def __enter__(self) -> "Client":
