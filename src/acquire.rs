@@ -217,10 +217,9 @@ impl Acquire<'_> {
         Error::new(
             ErrorKind::Busy,
             format!(
-                "lock {:?} was granted, but its {} ms lease ran out (or the key was deleted) \
+                "lock {:?} was granted, but the lease ran out (or the key was deleted) \
                  before the grant could be confirmed; nothing is held",
-                self.keys.lock,
-                self.ttl.as_millis()
+                self.keys.lock
             ),
         )
     }

@@ -421,17 +421,12 @@ class Client:
         """Drops this client's locks from the registry: the library reports no loss for a
         closed client's handles, and an entry kept for a Lock nobody touches again would
         live as long as the object."""
-        # Chosen outside _REGISTRY: what allocates may run the collector, and with it a
-        # finaliser that calls the library.
-        mine = [
-            (handle, ref)
-            for handle, ref in list(_LIVE.items())
-            if getattr(ref(), "_client", None) is self
-        ]
+        # Chosen from a copy, outside _REGISTRY: what allocates may run the collector, and
+        # with it a Lock's finaliser, which calls the library and pops its own entry.
+        mine = [h for h, ref in _LIVE.copy().items() if getattr(ref(), "_client", None) is self]
         with _REGISTRY:
-            for handle, ref in mine:
-                if _LIVE.get(handle) is ref:
-                    del _LIVE[handle]
+            for handle in mine:
+                _LIVE.pop(handle, None)  # handles are never reused: the entry is this one
 
     def __enter__(self) -> "Client":
         return self
@@ -708,19 +703,27 @@ class Lock:
         return max(self._wait_ms - spent_ms, 0)
 
     def _adopt(self, handle: int, fencing_token: int) -> None:
-        """Records ``handle`` as the current holding."""
+        """Records ``handle`` as the current holding. Raises :class:`InvalidHandleError`,
+        recording nothing, when the client was closed since the library granted it (the
+        close may have missed it: the caller releases it)."""
         ref = weakref.ref(self)
         with _REGISTRY:
-            self._handle = self._last_handle = handle
-            self._pid = os.getpid()
-            self._fencing_token = fencing_token
-            self._token = None
-            self._with_may_take_over = False
-            self.lost_reason = None
-            if self._lost_event is not None:
-                self._lost_event.clear()
-            _LIVE[handle] = ref
+            # Close marks the client closed before it releases, and forgets the registered
+            # handles after: one of the two sees this handle.
+            closed = not self._client._handle
+            if not closed:
+                self._handle = self._last_handle = handle
+                self._pid = os.getpid()
+                self._fencing_token = fencing_token
+                self._token = None
+                self._with_may_take_over = False
+                self.lost_reason = None
+                if self._lost_event is not None:
+                    self._lost_event.clear()
+                _LIVE[handle] = ref
             early = _EARLY_LOSS.pop(handle, None)
+        if closed:
+            raise InvalidHandleError("the client was closed during the acquire")
         if early is not None:
             self._lost(handle, early)
 
@@ -736,8 +739,8 @@ class Lock:
         """Stops renewal and releases the current holding. Blocks for one round trip.
         Returns True when the lock was held without a break up to the release, False when
         it had already been lost or had run out of lease (part of the work may have run
-        unprotected; the key is deleted all the same if it still holds the token). The holding is over either way: another thread
-        waiting for this object goes ahead.
+        unprotected; the key is deleted all the same if it still holds the token). The
+        holding is over either way: another thread waiting for this object goes ahead.
 
         A reentrant lock gives back its latest hold; the key is released with the last.
 

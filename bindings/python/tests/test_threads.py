@@ -196,3 +196,80 @@ def test_an_acquire_that_ends_after_its_client_was_closed_holds_nothing(server, 
     assert not lk.held
     assert r.exists("closed-meanwhile") == 0
     assert registry_is_empty()
+
+
+def test_a_close_between_the_grant_and_its_bookkeeping_leaves_nothing_registered(
+    server, r, monkeypatch
+):
+    # The close runs (on another thread, in real life) after the library granted the lock
+    # and before the wrapper recorded it: the wrapper once registered the dead handle, and
+    # the entry lived as long as the Lock.
+    import redlease
+
+    c = redlease.Client(server.url)
+    real = _client.lib
+
+    class CloseAfterTheFencingToken:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def lock_fencing_token(self, handle, out):
+            status = real.lock_fencing_token(handle, out)
+            c.close()
+            return status
+
+    monkeypatch.setattr(_client, "lib", CloseAfterTheFencingToken())
+    lk = c.lock("closed-at-adopt", ttl=10.0, wait=0)
+    with pytest.raises(InvalidHandleError, match="closed during the acquire"):
+        lk.acquire()
+    assert not lk.held and lk._handle == 0
+    assert registry_is_empty()
+    assert r.exists("closed-at-adopt") == 0
+
+
+def test_a_lock_finalised_while_close_reads_the_registry_never_makes_close_raise(server, r):
+    # A held Lock dropped while close() reads the registry (its finaliser runs whenever an
+    # allocation starts a collection) pops its own entry meanwhile: close once raised
+    # "dictionary changed size during iteration", or KeyError for that entry.
+    import redlease
+
+    c = redlease.Client(server.url)
+    locks = [c.acquire(f"finalised-{i}", ttl=10.0, wait=0) for i in range(4)]
+    dropped = []
+
+    def drop_one():
+        if locks:
+            lk = locks.pop()
+            dropped.append(lk.key)
+            del lk  # the finaliser runs here, and pops its entry
+
+    class Meddling(dict):
+        """The registry, with a Lock finalised in the middle of every way of reading it."""
+
+        def copy(self):
+            snapshot = super().copy()
+            drop_one()
+            return snapshot
+
+        def items(self):
+            for n, item in enumerate(super().items()):
+                if n == 1:
+                    drop_one()
+                yield item
+
+        def get(self, key, default=None):
+            found = super().get(key, default)
+            drop_one()
+            return found
+
+    meddling = Meddling(_client._LIVE)
+    original = _client._LIVE
+    _client._LIVE = meddling
+    try:
+        c.close()
+    finally:
+        _client._LIVE = original
+    assert dropped, "no Lock was finalised during the close"
+    assert not meddling, dict(meddling)
+    assert not locks or all(not lk.held for lk in locks)
+    assert all(r.exists(f"finalised-{i}") == 0 for i in range(4))
