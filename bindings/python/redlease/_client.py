@@ -421,6 +421,8 @@ class Client:
         """Drops this client's locks from the registry: the library reports no loss for a
         closed client's handles, and an entry kept for a Lock nobody touches again would
         live as long as the object."""
+        with _REGISTRY:
+            pass  # an _adopt that found this client open has registered its handle by now
         # Chosen from a copy, outside _REGISTRY: what allocates may run the collector, and
         # with it a Lock's finaliser, which calls the library and pops its own entry.
         mine = [h for h, ref in _LIVE.copy().items() if getattr(ref(), "_client", None) is self]

@@ -268,8 +268,38 @@ def test_a_lock_finalised_while_close_reads_the_registry_never_makes_close_raise
     try:
         c.close()
     finally:
+        original.clear()
+        original.update(meddling)
         _client._LIVE = original
     assert dropped, "no Lock was finalised during the close"
     assert not meddling, dict(meddling)
     assert not locks or all(not lk.held for lk in locks)
     assert all(r.exists(f"finalised-{i}") == 0 for i in range(4))
+
+
+def test_a_close_waits_for_a_registration_in_progress_before_it_cleans_up(server):
+    # Another thread is inside _adopt: it found the client open and is about to register
+    # its handle (under _REGISTRY) when close() runs. The cleanup must see that entry; it
+    # once read the registry before the registration and left the entry behind.
+    import weakref
+
+    import redlease
+
+    c = redlease.Client(server.url)
+    lk = c.lock("registering", ttl=10.0, wait=0)
+    fake_handle = 0x7FFF_0000_0001  # stands for the handle being registered
+    inside = threading.Event()
+
+    def registering():
+        with _client._REGISTRY:
+            inside.set()
+            time.sleep(0.3)
+            _client._LIVE[fake_handle] = weakref.ref(lk)
+
+    t = threading.Thread(target=registering)
+    t.start()
+    assert inside.wait(5)
+    c.close()
+    t.join()
+    assert fake_handle not in _client._LIVE
+    assert registry_is_empty()
