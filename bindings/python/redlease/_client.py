@@ -5,6 +5,7 @@ arguments, keeps the bookkeeping that ties a Python object to its C handle, and 
 bookkeeping safe for threads and signals.
 """
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -14,7 +15,19 @@ import time
 import weakref
 from ctypes import c_char_p, byref, c_bool, c_int, c_uint64
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 from . import _args, _kinds, _native
 from ._args import Key
@@ -42,13 +55,17 @@ LOST_REASONS = {_native.LOCK_LOST_NOT_HELD: "not_held", _native.LOCK_LOST_UNREAC
 
 # The bookkeeping of held locks. _LIVE maps each held C handle to its Lock (weakly: a Lock
 # dropped while held is collected, and released, at once), for the one lost-lock callback
-# shared by all locks. _EARLY_LOSS keeps losses reported before their handle was registered.
-# _REGISTRY guards both and the handle fields of every Lock. Never call the library or user
-# code while holding it (the library's lost-lock callback takes it), and never take it in a
-# finaliser (a finaliser may run while this thread holds it).
+# shared by all locks. _EARLY_LOSS keeps losses reported before their handle was registered,
+# while an acquire may yet register it (_ADOPTING counts those between their C call and their
+# registration; when none is left, nothing can claim what is kept). _REGISTRY guards them
+# and the handle fields of every Lock. Never call the library or user code while holding it
+# (the library's lost-lock callback takes it). It is reentrant because a collection may run
+# a finaliser while this thread holds it (a user's that closes a client); the library's own
+# finalisers do not take it.
 _LIVE: Dict[int, "weakref.ref[Lock]"] = {}
 _EARLY_LOSS: Dict[int, str] = {}
-_REGISTRY = threading.Lock()
+_ADOPTING = [0]
+_REGISTRY = threading.RLock()
 
 # How often a thread waiting for another thread's holding of the same Lock object checks
 # whether its wait was cancelled.
@@ -60,10 +77,25 @@ def _lost_from_c(handle: int, reason: int, _user_data: object) -> None:
     with _REGISTRY:
         ref = _LIVE.get(handle)
         lk = ref() if ref is not None else None
-        if lk is None:
+        if lk is None and _ADOPTING[0]:
             _EARLY_LOSS[handle] = why
     if lk is not None:
         lk._lost(handle, why)
+
+
+@contextlib.contextmanager
+def _adopting() -> Iterator[None]:
+    """Marks an acquire between its C call and its registration: a loss reported for its
+    handle meanwhile is kept for it."""
+    with _REGISTRY:
+        _ADOPTING[0] += 1
+    try:
+        yield
+    finally:
+        with _REGISTRY:
+            _ADOPTING[0] -= 1
+            if not _ADOPTING[0]:
+                _EARLY_LOSS.clear()  # late reports for handles nobody will register
 
 
 # One C callback for every lock (kept alive for the life of the module).
@@ -215,7 +247,7 @@ class Client:
         self._handle = 0
         self._url = "?"
         self._pid = os.getpid()
-        self._close_lock = threading.Lock()
+        self._close_lock = threading.RLock()
         if not isinstance(url, str):
             raise InvalidArgumentError(f"url must be a str, not {type(url).__name__}")
         url_bytes = _args.utf8(url, "url")
@@ -259,7 +291,7 @@ class Client:
         client = cls.__new__(cls)
         client._handle = handle.value
         client._pid = os.getpid()
-        client._close_lock = threading.Lock()
+        client._close_lock = threading.RLock()
         client._url = _native.read_string(lib.lock_client_url, client._handle, 16384)
         return client
 
@@ -409,13 +441,15 @@ class Client:
         held, and their ``release()`` raises :class:`InvalidHandleError`. An acquire still
         waiting on another thread waits on (a cancel ends it); if it is granted, it gives
         the lock back and raises :class:`InvalidHandleError`."""
+        # Held throughout: a close racing this one returns once the locks are released.
+        # Reentrant, for a finaliser that closes this client during the close.
         with self._close_lock:
             handle, self._handle = self._handle, 0
-        if handle and self._pid == os.getpid():
-            try:
-                _native.check(lib.lock_client_close(handle))
-            finally:
-                self._forget_locks()
+            if handle and self._pid == os.getpid():
+                try:
+                    _native.check(lib.lock_client_close(handle))
+                finally:
+                    self._forget_locks()
 
     def _forget_locks(self) -> None:
         """Drops this client's locks from the registry: the library reports no loss for a
@@ -603,37 +637,38 @@ class Lock:
         self._enter_gate(started, cancel, owner)
         out = _native.lock_t()
         try:
-            opts = self._options(cancel)
-            opts.renew = self._renew
-            opts.on_lost = _on_lost_from_c
-            if self._min_replicas is not None:
-                opts.min_replicas, opts.min_replicas_timeout_ms = self._min_replicas
-            if cancel is not None:
-                opts.cancel = cancel.handle
-            wait_ms = self._wait_left(started)
-            # Python runs signal handlers on the main thread only. `catcher` (and `opts`,
-            # which refers to its callback) stay alive until the C call has returned.
-            catcher = _SignalCatcher() if wait_ms and _on_main_thread() else None
-            status = None
-            try:
-                if catcher is not None and catcher.install():
-                    opts.on_interrupt = catcher.callback
-                if catcher is None or catcher.exception is None:
-                    client = self._client.handle
-                    status = self._kind.take(
-                        client, self._key, self._ttl_ms, wait_ms, byref(opts), byref(out)
-                    )
-            finally:
-                if catcher is not None:
-                    catcher.uninstall()
-            interrupted = catcher.take() if catcher is not None else None
-            if interrupted is not None:
-                raise interrupted  # what a signal handler raised (KeyboardInterrupt) wins
-            assert status is not None
-            _native.check(status)
-            fence = c_uint64()
-            _native.check(lib.lock_fencing_token(out.value, byref(fence)))
-            self._adopt(out.value, fence.value)
+            with _adopting():
+                opts = self._options(cancel)
+                opts.renew = self._renew
+                opts.on_lost = _on_lost_from_c
+                if self._min_replicas is not None:
+                    opts.min_replicas, opts.min_replicas_timeout_ms = self._min_replicas
+                if cancel is not None:
+                    opts.cancel = cancel.handle
+                wait_ms = self._wait_left(started)
+                # Python runs signal handlers on the main thread only. `catcher` (and `opts`,
+                # which refers to its callback) stay alive until the C call has returned.
+                catcher = _SignalCatcher() if wait_ms and _on_main_thread() else None
+                status = None
+                try:
+                    if catcher is not None and catcher.install():
+                        opts.on_interrupt = catcher.callback
+                    if catcher is None or catcher.exception is None:
+                        client = self._client.handle
+                        status = self._kind.take(
+                            client, self._key, self._ttl_ms, wait_ms, byref(opts), byref(out)
+                        )
+                finally:
+                    if catcher is not None:
+                        catcher.uninstall()
+                interrupted = catcher.take() if catcher is not None else None
+                if interrupted is not None:
+                    raise interrupted  # what a signal handler raised (KeyboardInterrupt) wins
+                assert status is not None
+                _native.check(status)
+                fence = c_uint64()
+                _native.check(lib.lock_fencing_token(out.value, byref(fence)))
+                self._adopt(out.value, fence.value)
         except BaseException:
             if out.value:
                 self._disown(out.value)

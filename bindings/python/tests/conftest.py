@@ -101,6 +101,16 @@ def r(server):
     return server.redis()
 
 
+@pytest.fixture
+def child_env():
+    """The environment of a child Python that imports this same package and library."""
+    env = dict(os.environ)
+    package_parent = str(Path(redlease.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+    env["REDLEASE_LIB"] = str(redlease._native.lib_path)
+    return env
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -9,7 +9,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -52,12 +51,6 @@ CHILD = textwrap.dedent(
 )
 
 
-def child_env():
-    env = dict(os.environ)
-    package_parent = str(Path(redlease.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
-    env["REDLEASE_LIB"] = str(redlease._native.lib_path)
-    return env
 
 
 class Lines:
@@ -82,12 +75,12 @@ class Lines:
 
 
 @pytest.mark.parametrize("how", ["acquire", "with", "elsewhere"])
-def test_ctrl_c_interrupts_a_blocked_acquire_promptly_and_leaves_nothing(client, r, how):
+def test_ctrl_c_interrupts_a_blocked_acquire_promptly_and_leaves_nothing(client, r, how, child_env):
     key = f"sigint-{how}"
     holder = client.acquire(key, ttl=10.0, wait=0)
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, client.url, key, how],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
     )
     lines = Lines(proc.stdout)
     try:

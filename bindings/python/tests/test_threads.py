@@ -303,3 +303,85 @@ def test_a_close_waits_for_a_registration_in_progress_before_it_cleans_up(server
     t.join()
     assert fake_handle not in _client._LIVE
     assert registry_is_empty()
+
+
+FINALISER_CLOSES = """
+import gc, sys, weakref, redlease
+from redlease import _client
+
+a = redlease.Client(sys.argv[1])
+held = a.acquire("finaliser-closes", ttl=10.0, wait=0)
+
+class Owner:
+    def __init__(self):
+        self.me = self  # a cycle: freed by a collection, at any allocation
+        weakref.finalize(self, a.close)
+
+# A collection runs the finaliser (the close) on this thread while it holds the registry
+# lock, as one may inside any of the binding's bookkeeping.
+Owner()
+with _client._REGISTRY:
+    gc.collect()
+print("closed", held.held, len(_client._LIVE), flush=True)
+"""
+
+
+def test_a_finaliser_that_closes_a_client_inside_the_bookkeeping_does_not_hang(
+    server, r, child_env
+):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FINALISER_CLOSES, server.url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
+    )
+    try:
+        out, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the close in a finaliser hung (deadlock)\n{err}")
+    assert proc.returncode == 0, err
+    assert out.split() == ["closed", "False", "0"], (out, err)
+    assert r.exists("finaliser-closes") == 0
+
+
+def test_a_loss_reported_after_the_close_leaves_nothing_behind(server, r):
+    # Two holds of a reentrant lock share one lease; the first hold's handler is slow, so
+    # the second hold's report comes after close() returned, for a handle the close already
+    # forgot: it was once kept in _EARLY_LOSS for the life of the process.
+    import redlease
+
+    c = redlease.Client(server.url)
+    in_handler = threading.Event()
+
+    def slow(lock, why):
+        in_handler.set()
+        time.sleep(1.0)
+
+    first = c.acquire("late-report", ttl=0.3, wait=0, reentrant=True, on_lost=slow)
+    second = c.acquire("late-report", ttl=0.3, wait=0, reentrant=True)
+    r.delete("late-report")
+    assert in_handler.wait(5)
+    c.close()
+    time.sleep(1.5)  # the second report arrives meanwhile
+    assert registry_is_empty(), (dict(_client._LIVE), dict(_client._EARLY_LOSS))
+    assert not first.held and not second.held
+
+
+def test_a_second_close_returns_only_once_the_locks_are_released(server, r):
+    import redlease
+
+    c = redlease.Client(server.url)
+    names = [f"double-close-{i}" for i in range(100)]
+    locks = [c.acquire(name, ttl=10.0, wait=0) for name in names]
+    first = threading.Thread(target=c.close)
+    first.start()
+    time.sleep(0.001)
+    c.close()  # while the first close is (most likely) still releasing
+    still_held = r.exists(*names)
+    first.join(10)
+    assert still_held == 0, f"{still_held} keys still held when the second close returned"
+    assert registry_is_empty()
+    assert not any(lk.held for lk in locks)
