@@ -201,9 +201,10 @@ struct LeaseState {
     notified: bool,
     released: bool,
     subscribers: Vec<Sender<LostReason>>,
-    /// The lost-lock callbacks: the acquire's, and those of the later holds of a
-    /// reentrant lock that share this lease.
-    callbacks: Vec<LostCallback>,
+    /// The lost-lock callbacks, each with the token of its hold: the acquire's, and those
+    /// of the later holds of a reentrant lock that share this lease. A hold's release takes
+    /// its own out.
+    callbacks: Vec<(String, LostCallback)>,
 }
 
 impl LeaseState {
@@ -249,7 +250,7 @@ impl Lease {
         ttl: Duration,
         leased: Duration,
         sent_at: Instant,
-        on_lost: Option<LostCallback>,
+        on_lost: Option<(String, LostCallback)>,
     ) -> Self {
         Lease {
             backend,
@@ -465,7 +466,7 @@ impl Lease {
         } else {
             log::info!("lock {:?} lost: {reason}", self.keys.lock);
         }
-        for callback in &callbacks {
+        for (_, callback) in &callbacks {
             self.run_callback(callback, reason);
         }
         for tx in subscribers {
@@ -482,15 +483,16 @@ impl Lease {
         }
     }
 
-    /// Adds the lost-lock callback of a later hold of a reentrant lock that shares this
-    /// lease. Called at once (on this thread) if the holder was already told of a loss.
-    pub fn add_on_lost(&self, callback: LostCallback) {
+    /// Adds the lost-lock callback of a later hold (token `hold`) of a reentrant lock that
+    /// shares this lease. Called at once (on this thread) if the holder was already told of
+    /// a loss.
+    pub fn add_on_lost(&self, hold: &str, callback: LostCallback) {
         let told = {
             let mut s = self.state();
             match s.lost {
                 Some(reason) if s.notified => Some(reason),
                 _ => {
-                    s.callbacks.push(callback.clone());
+                    s.callbacks.push((hold.to_owned(), callback.clone()));
                     None
                 }
             }
@@ -498,6 +500,12 @@ impl Lease {
         if let Some(reason) = told {
             self.run_callback(&callback, reason);
         }
+    }
+
+    /// Takes the lost-lock callback of the hold `hold` out: a loss found later is not
+    /// reported to it. (One being reported on another thread right now runs to its end.)
+    pub fn forget_on_lost(&self, hold: &str) {
+        self.state().callbacks.retain(|(h, _)| h != hold);
     }
 
     /// Applies what a re-entry of a reentrant lock set on the server (the key leased for

@@ -248,7 +248,7 @@ impl<'a> LockBuilder<'a> {
                     // acquire's lease, callback and renewal wish.
                     held.lease.reentered(ttl, granted.lease, granted.sent_at);
                     if let Some(callback) = self.on_lost {
-                        held.lease.add_on_lost(callback);
+                        held.lease.add_on_lost(&hold, callback);
                     }
                     let guard = LockGuard::with(held.clone(), hold);
                     let mut renewal = held.renewal();
@@ -271,7 +271,7 @@ impl<'a> LockBuilder<'a> {
             ttl,
             granted.lease,
             granted.sent_at,
-            self.on_lost,
+            self.on_lost.map(|callback| (hold.clone(), callback)),
         )
         .with_replicas(replicas)
         .with_kind(self.kind);
@@ -505,7 +505,9 @@ impl LockGuard {
     }
 
     /// Stops renewal, then releases the lock if the key still holds this lock's token.
-    /// Blocking: one round trip, bounded by the I/O timeout.
+    /// Blocking: one round trip, bounded by the I/O timeout. This guard's `on_lost` is not
+    /// called once the release has begun (a call already running on another thread runs
+    /// to its end); the other holds of a reentrant lock are still told of a loss.
     ///
     /// `Ok` only when the lock was held without a break up to the release: the key still
     /// held the token, the lock was not lost, and its local deadline had not passed.
@@ -527,6 +529,7 @@ impl LockGuard {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        self.lease().forget_on_lost(&self.hold);
         self.lease().check_process()?;
         if self.held.leave() {
             if let Some(renewal) = self.renewal_slot().take() {

@@ -1367,3 +1367,34 @@ fn a_reader_kept_out_by_a_writer_that_gives_up_gets_in_promptly() {
         "the reader got in {late:?} after the writer that kept it out gave up"
     );
 }
+
+/// A released hold of a reentrant lock is never told of a later loss of the lease the
+/// other holds share: its `on_lost` (in C, with a `user_data` the caller may free once the
+/// hold is released) was once called after its release had returned.
+#[test]
+fn a_released_hold_is_never_told_of_a_later_loss() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let hold = |which: &'static str| {
+        let told = told.clone();
+        client
+            .lock("released-hold")
+            .reentrant()
+            .ttl(Duration::from_millis(300))
+            .on_lost(move |_| told.lock().unwrap().push(which))
+            .try_acquire()
+            .unwrap()
+    };
+    let first = hold("first");
+    let second = hold("second");
+    second.release().unwrap();
+    server.cmd::<i64>(&["DEL", "released-hold"]);
+    assert!(eventually(Duration::from_secs(5), || !told
+        .lock()
+        .unwrap()
+        .is_empty()));
+    std::thread::sleep(Duration::from_millis(200)); // any other report arrives meanwhile
+    assert_eq!(*told.lock().unwrap(), vec!["first"]);
+    assert!(first.release().is_err());
+}

@@ -106,7 +106,9 @@ pub struct lock_acquire_options_t {
     pub renew: bool,
     /// Called once if the lock is lost (only renewal and extend detect a loss), or NULL.
     pub on_lost: lock_lost_cb,
-    /// Passed to `on_lost` as is; must stay valid until the lock is released.
+    /// Passed to `on_lost` as is; must stay valid until the lock is released, and until
+    /// an `on_lost` call running on another thread at that moment has returned (see
+    /// `lock_release`).
     pub user_data: *mut c_void,
     /// A cancel handle whose `lock_cancel` ends this acquire's wait, or 0.
     pub cancel: lock_cancel_t,
@@ -753,6 +755,9 @@ impl UserData {
 /// round trip). The handle is spent whatever the result, except in one case: a hold of a
 /// reentrant lock taken for the calling thread (`opts->reentrant` without an owner) may
 /// only be released by that thread; from another, `LOCK_NOT_HELD` and nothing changes.
+/// Once it has begun, this hold's `on_lost` is not called any more (for a reentrant lock,
+/// the other holds are still told of a loss); a call already running on another thread,
+/// for a loss found just before, runs to its end.
 /// A reentrant lock is released with its last hold (the others give back one hold each).
 ///
 /// Results: `LOCK_OK` when the lock was held without a break up to the release;
