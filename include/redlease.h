@@ -251,6 +251,13 @@ typedef uint64_t lock_cancel_t;
 typedef int32_t (*lock_interrupt_cb)(void *user_data);
 
 /**
+ * Gives back the `user_data` of an `on_lost` callback: called once, on whichever thread
+ * the library is on at that moment, when it will never pass `user_data` to `on_lost`
+ * again. It may free it; it should not call this library.
+ */
+typedef void (*lock_user_data_free_cb)(void *user_data);
+
+/**
  * Acquire options. Fill with `lock_acquire_options_init(&opts, sizeof opts)` (which sets
  * `size`), then change what you need. May gain fields at its end, as
  * `lock_client_options_t`.
@@ -271,7 +278,7 @@ typedef struct lock_acquire_options_t {
   /**
    * Passed to `on_lost` as is; must stay valid until the lock is released, and until
    * an `on_lost` call running on another thread at that moment has returned (see
-   * `lock_release`).
+   * `lock_release`): `user_data_free` says when that is.
    */
   void *user_data;
   /**
@@ -312,6 +319,14 @@ typedef struct lock_acquire_options_t {
    * unique to its holder everywhere (include a UUID drawn once per owner).
    */
   const char *owner;
+  /**
+   * Called once with `user_data` when the library will not use it any more: when the
+   * acquire fails; once `on_lost` has returned from its one call; or, for a hold
+   * released without a loss report running, during `lock_release` (or the
+   * `lock_client_close` that released it). Only with `on_lost` (NULL `on_lost`: never
+   * called). Default NULL.
+   */
+  lock_user_data_free_cb user_data_free;
 } lock_acquire_options_t;
 
 /**

@@ -505,7 +505,17 @@ impl Lease {
     /// Takes the lost-lock callback of the hold `hold` out: a loss found later is not
     /// reported to it. (One being reported on another thread right now runs to its end.)
     pub fn forget_on_lost(&self, hold: &str) {
-        self.state().callbacks.retain(|(h, _)| h != hold);
+        let forgotten: Vec<_> = {
+            let mut s = self.state();
+            let (gone, kept) = std::mem::take(&mut s.callbacks)
+                .into_iter()
+                .partition(|(h, _)| h == hold);
+            s.callbacks = kept;
+            gone
+        };
+        // Dropped after the state's lock: dropping a callback may run caller code (the C
+        // ABI's `user_data_free`).
+        drop(forgotten);
     }
 
     /// Applies what a re-entry of a reentrant lock set on the server (the key leased for

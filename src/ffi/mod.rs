@@ -58,6 +58,11 @@ pub const LOCK_LOST_UNREACHABLE: i32 = 2;
 pub type lock_lost_cb =
     Option<unsafe extern "C" fn(lock: lock_t, reason: i32, user_data: *mut c_void)>;
 
+/// Gives back the `user_data` of an `on_lost` callback: called once, on whichever thread
+/// the library is on at that moment, when it will never pass `user_data` to `on_lost`
+/// again. It may free it; it should not call this library.
+pub type lock_user_data_free_cb = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
+
 /// Called on the acquiring thread while an acquire given it (`lock_acquire_opts`,
 /// `lock_semaphore_acquire`, `lock_rwlock_acquire`) blocks: when a signal
 /// interrupts the wait, and also every 200 ms (a signal that arrives between two waits is
@@ -108,7 +113,7 @@ pub struct lock_acquire_options_t {
     pub on_lost: lock_lost_cb,
     /// Passed to `on_lost` as is; must stay valid until the lock is released, and until
     /// an `on_lost` call running on another thread at that moment has returned (see
-    /// `lock_release`).
+    /// `lock_release`): `user_data_free` says when that is.
     pub user_data: *mut c_void,
     /// A cancel handle whose `lock_cancel` ends this acquire's wait, or 0.
     pub cancel: lock_cancel_t,
@@ -134,6 +139,12 @@ pub struct lock_acquire_options_t {
     /// copied, shared by every thread, process and host that acquires with it: it must be
     /// unique to its holder everywhere (include a UUID drawn once per owner).
     pub owner: *const c_char,
+    /// Called once with `user_data` when the library will not use it any more: when the
+    /// acquire fails; once `on_lost` has returned from its one call; or, for a hold
+    /// released without a loss report running, during `lock_release` (or the
+    /// `lock_client_close` that released it). Only with `on_lost` (NULL `on_lost`: never
+    /// called). Default NULL.
+    pub user_data_free: lock_user_data_free_cb,
 }
 
 struct LockEntry {
@@ -248,6 +259,7 @@ fn acquire_options_sizes() -> Vec<usize> {
         end(offset_of!(T, min_replicas_timeout_ms), size_of::<u64>()),
         end(offset_of!(T, reentrant), size_of::<bool>()),
         end(offset_of!(T, owner), size_of::<usize>()),
+        end(offset_of!(T, user_data_free), size_of::<usize>()),
     ]
 }
 
@@ -278,6 +290,7 @@ fn default_acquire_options() -> lock_acquire_options_t {
         min_replicas_timeout_ms: 1000,
         reentrant: false,
         owner: std::ptr::null(),
+        user_data_free: None,
     }
 }
 
@@ -680,7 +693,7 @@ impl AcquireArgs {
                 .ttl(millis(ttl_ms))
                 .renew(opts.renew);
             if let Some(callback) = opts.on_lost {
-                let user_data = UserData(opts.user_data);
+                let user_data = UserData::owned(opts.user_data, opts.user_data_free);
                 builder = builder.on_lost(move |reason| {
                     let reason = match reason {
                         LostReason::Unreachable => LOCK_LOST_UNREACHABLE,
@@ -705,7 +718,7 @@ impl AcquireArgs {
                 };
             }
             if let Some(hook) = opts.on_interrupt {
-                let user_data = UserData(opts.interrupt_user_data);
+                let user_data = UserData::owned(opts.interrupt_user_data, None);
                 // SAFETY: the caller promised a callable function; it runs on this thread,
                 // during this call.
                 builder = builder.on_interrupt(move || unsafe { hook(user_data.get()) } != 0);
@@ -737,17 +750,35 @@ impl AcquireArgs {
     }
 }
 
-/// The caller's `user_data`, handed to the callback on the renewal thread.
-struct UserData(*mut c_void);
-// SAFETY: the pointer is only passed back to the caller's callback; the header tells the
-// caller that the callback runs on another thread.
+/// The caller's `user_data`, handed to a callback (on the renewal thread for `on_lost`),
+/// and given back through `free` when the last callback that holds it is dropped: a
+/// released hold's callback is dropped once no loss report is running it.
+struct UserData {
+    ptr: *mut c_void,
+    free: lock_user_data_free_cb,
+}
+// SAFETY: the pointer is only passed back to the caller's callbacks; the header tells the
+// caller on which threads they run.
 unsafe impl Send for UserData {}
 // SAFETY: as for Send: the pointer is never dereferenced here, only passed back.
 unsafe impl Sync for UserData {}
 
 impl UserData {
+    fn owned(ptr: *mut c_void, free: lock_user_data_free_cb) -> Self {
+        UserData { ptr, free }
+    }
+
     fn get(&self) -> *mut c_void {
-        self.0
+        self.ptr
+    }
+}
+
+impl Drop for UserData {
+    fn drop(&mut self) {
+        if let Some(free) = self.free {
+            // SAFETY: the caller promised a callable function; this is its one call.
+            unsafe { free(self.ptr) }
+        }
     }
 }
 

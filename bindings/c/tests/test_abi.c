@@ -146,6 +146,110 @@ static void test_lost_callback(void) {
     CHECK_STATUS(lock_client_close(client), LOCK_OK);
 }
 
+/* What the library did with one user_data: on_lost calls, whether one is running, and
+ * user_data_free calls (and whether one came while on_lost was running). */
+struct tracked {
+    pthread_mutex_t mutex;
+    int lost_calls, in_lost, freed, freed_in_use;
+    long lost_sleep_ms;
+};
+
+static void tracked_lost(lock_t lock, int32_t reason, void *user_data) {
+    struct tracked *t = user_data;
+    (void)lock;
+    (void)reason;
+    pthread_mutex_lock(&t->mutex);
+    t->lost_calls++;
+    t->in_lost = 1;
+    pthread_mutex_unlock(&t->mutex);
+    sleep_ms(t->lost_sleep_ms);
+    pthread_mutex_lock(&t->mutex);
+    t->in_lost = 0;
+    pthread_mutex_unlock(&t->mutex);
+}
+
+static void tracked_free(void *user_data) {
+    struct tracked *t = user_data;
+    pthread_mutex_lock(&t->mutex);
+    t->freed++;
+    t->freed_in_use |= t->in_lost;
+    pthread_mutex_unlock(&t->mutex);
+}
+
+static int tracked_get(struct tracked *t, const int *field) {
+    int value;
+    pthread_mutex_lock(&t->mutex);
+    value = *field;
+    pthread_mutex_unlock(&t->mutex);
+    return value;
+}
+
+static void tracked_opts(lock_acquire_options_t *opts, struct tracked *t) {
+    memset(t, 0, sizeof *t);
+    pthread_mutex_init(&t->mutex, NULL);
+    CHECK_STATUS(lock_acquire_options_init(opts, sizeof *opts), LOCK_OK);
+    opts->on_lost = tracked_lost;
+    opts->user_data = t;
+    opts->user_data_free = tracked_free;
+}
+
+/* Waits up to 5 s for *field to reach want. */
+static int tracked_wait(struct tracked *t, const int *field, int want) {
+    int i;
+    for (i = 0; i < 500 && tracked_get(t, field) < want; i++) sleep_ms(10);
+    return tracked_get(t, field);
+}
+
+static void test_user_data_is_given_back_once_the_library_is_done_with_it(void) {
+    lock_client_t client = open_client();
+    lock_acquire_options_t opts;
+    struct tracked a, b, busy;
+    lock_t first = 0, second = 0, other = 0;
+    const char *del[2] = {"DEL", "c:user-data"};
+    char reply[64];
+
+    /* A plain hold: given back during its release, not before. */
+    tracked_opts(&opts, &a);
+    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", 10000, 0, &opts, &first), LOCK_OK);
+    CHECK(tracked_get(&a, &a.freed) == 0);
+    CHECK_STATUS(lock_release(first), LOCK_OK);
+    CHECK(tracked_get(&a, &a.freed) == 1);
+
+    /* A failed acquire gives it back before it returns. */
+    CHECK_STATUS(lock_acquire(client, "c:user-data", 10000, 0, &other), LOCK_OK);
+    tracked_opts(&opts, &busy);
+    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", 10000, 0, &opts, &first), LOCK_BUSY);
+    CHECK(tracked_get(&busy, &busy.freed) == 1 && busy.lost_calls == 0);
+    CHECK_STATUS(lock_release(other), LOCK_OK);
+
+    /* Two holds of a reentrant lock: the released one is never told of the later loss, and
+     * gets its user_data back at its release; the other is told once, and gets it back
+     * only after its slow on_lost has returned. */
+    tracked_opts(&opts, &a);
+    a.lost_sleep_ms = 300;
+    opts.reentrant = true;
+    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", 300, 0, &opts, &first), LOCK_OK);
+    tracked_opts(&opts, &b);
+    opts.reentrant = true;
+    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", 300, 0, &opts, &second), LOCK_OK);
+    CHECK_STATUS(lock_release(second), LOCK_OK);
+    CHECK(tracked_get(&b, &b.freed) == 1);
+    CHECK(raw_command(reply, sizeof reply, 2, del) == 0);
+    CHECK(tracked_wait(&a, &a.lost_calls, 1) == 1);
+    /* Released while its on_lost runs: the release does not wait for it ... */
+    CHECK_STATUS(lock_release(first), LOCK_NOT_HELD);
+    /* ... and user_data comes back once it has returned, not before. */
+    CHECK(tracked_wait(&a, &a.freed, 1) == 1);
+    sleep_ms(300);
+    CHECK(tracked_get(&a, &a.freed) == 1 && tracked_get(&a, &a.freed_in_use) == 0);
+    CHECK(tracked_get(&a, &a.lost_calls) == 1);
+    CHECK(tracked_get(&b, &b.lost_calls) == 0 && tracked_get(&b, &b.freed) == 1);
+    pthread_mutex_destroy(&a.mutex);
+    pthread_mutex_destroy(&b.mutex);
+    pthread_mutex_destroy(&busy.mutex);
+    CHECK_STATUS(lock_client_close(client), LOCK_OK);
+}
+
 static void test_bad_input(void) {
     lock_client_t client = open_client(), other = 0;
     lock_client_options_t opts;
@@ -571,6 +675,7 @@ int main(void) {
     test_old_client_options_still_work();
     test_options_size_is_checked();
     test_new_statuses_ttl_floor_and_reserved_names();
+    test_user_data_is_given_back_once_the_library_is_done_with_it();
 
     return harness_report();
 }

@@ -45,6 +45,9 @@ LOST_CALLBACK = CFUNCTYPE(None, lock_t, c_int32, c_void_p)
 INTERRUPT_CALLBACK = CFUNCTYPE(c_int32, c_void_p)
 # void (*lock_log_cb)(int32_t level, const char *target, const char *message, void *user_data)
 LOG_CALLBACK = CFUNCTYPE(None, c_int32, c_char_p, c_char_p, c_void_p)
+# void (*lock_user_data_free_cb)(void *user_data): unused here (one lost callback serves
+# every lock, with no user_data)
+USER_DATA_FREE_CALLBACK = CFUNCTYPE(None, c_void_p)
 
 
 class ClientOptions(Structure):
@@ -77,6 +80,7 @@ class AcquireOptions(Structure):
         ("min_replicas_timeout_ms", c_uint64),
         ("reentrant", c_bool),
         ("owner", c_char_p),
+        ("user_data_free", USER_DATA_FREE_CALLBACK),
     ]
 
 

@@ -128,6 +128,7 @@ _CALLBACKS = {
     "lock_lost_cb": _native.LOST_CALLBACK,
     "lock_interrupt_cb": _native.INTERRUPT_CALLBACK,
     "lock_log_cb": _native.LOG_CALLBACK,
+    "lock_user_data_free_cb": _native.USER_DATA_FREE_CALLBACK,
 }
 _STRUCTS = {
     "lock_client_options_t": _native.ClientOptions,
