@@ -447,27 +447,34 @@ impl Lease {
 
     /// Runs the lost-lock callback, then tells every subscriber. Call without the gate.
     pub fn notify_lost(&self) {
-        let (reason, subscribers, callbacks) = {
+        let (reason, subscribers, told) = {
             let mut s = self.state();
             match s.lost {
                 Some(reason) if !s.notified => {
                     s.notified = true;
-                    (
-                        reason,
-                        std::mem::take(&mut s.subscribers),
-                        std::mem::take(&mut s.callbacks),
-                    )
+                    let told = !s.subscribers.is_empty() || !s.callbacks.is_empty();
+                    (reason, std::mem::take(&mut s.subscribers), told)
                 }
                 _ => return,
             }
         };
-        if subscribers.is_empty() && callbacks.is_empty() {
-            log::warn!("lock {:?} lost: {reason}", self.keys.lock);
-        } else {
+        if told {
             log::info!("lock {:?} lost: {reason}", self.keys.lock);
+        } else {
+            log::warn!("lock {:?} lost: {reason}", self.keys.lock);
         }
-        for (_, callback) in &callbacks {
-            self.run_callback(callback, reason);
+        // One at a time, each taken out just before its call: a hold released meanwhile
+        // (`forget_on_lost`) is not called after its release. Each is dropped after its
+        // call, outside the state's lock (dropping may run caller code).
+        loop {
+            let next = {
+                let mut s = self.state();
+                if s.callbacks.is_empty() {
+                    break;
+                }
+                s.callbacks.remove(0)
+            };
+            self.run_callback(&next.1, reason);
         }
         for tx in subscribers {
             let _ = tx.try_send(reason);

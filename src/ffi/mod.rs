@@ -139,9 +139,11 @@ pub struct lock_acquire_options_t {
     /// copied, shared by every thread, process and host that acquires with it: it must be
     /// unique to its holder everywhere (include a UUID drawn once per owner).
     pub owner: *const c_char,
-    /// Called once with `user_data` when the library will not use it any more: when the
-    /// acquire fails; once `on_lost` has returned from its one call; or, for a hold
-    /// released without a loss report running, during `lock_release` (or the
+    /// Called exactly once with `user_data` when the library will not use it any more:
+    /// before an acquire that fails returns (whatever the error, unless these options were
+    /// refused: a `size` no version of the struct has); once `on_lost` has returned from
+    /// its one call;
+    /// or, for a hold released with no loss report under way, during `lock_release` (or the
     /// `lock_client_close` that released it). Only with `on_lost` (NULL `on_lost`: never
     /// called). Default NULL.
     pub user_data_free: lock_user_data_free_cb,
@@ -526,7 +528,7 @@ pub unsafe extern "C" fn lock_acquire_opts(
     };
     // SAFETY: the pointers are NULL or valid as this function's contract says, which is
     // the one `AcquireArgs::run` needs.
-    boundary(|| unsafe { hold.run("key", |client, key| client.lock(key)) })
+    boundary(|| unsafe { hold.run("key", |client, key| Ok(client.lock(key))) })
 }
 
 /// `side` of `lock_rwlock_acquire`: a read hold, shared with other readers.
@@ -571,7 +573,7 @@ pub unsafe extern "C" fn lock_semaphore_acquire(
         out_lock,
     };
     // SAFETY: as in lock_acquire_opts: this function's contract is that one.
-    boundary(|| unsafe { hold.run("name", |client, name| client.semaphore(name, permits)) })
+    boundary(|| unsafe { hold.run("name", |client, name| Ok(client.semaphore(name, permits))) })
 }
 
 /// Acquires a hold of the read-write lock `name`: `side` `LOCK_RW_READ` for a read hold
@@ -609,23 +611,15 @@ pub unsafe extern "C" fn lock_rwlock_acquire(
         opts,
         out_lock,
     };
-    boundary(|| {
-        let write = match side {
-            LOCK_RW_READ => false,
-            LOCK_RW_WRITE => true,
-            other => {
-                return Err(Failure::argument(format!(
-                    "side {other} is neither LOCK_RW_READ (1) nor LOCK_RW_WRITE (2)"
-                )));
-            }
-        };
-        // SAFETY: as in lock_acquire_opts: this function's contract is that one.
-        unsafe {
-            hold.run("name", |client, name| {
-                let rwlock = client.rwlock(name);
-                if write { rwlock.write() } else { rwlock.read() }
-            })
-        }
+    // SAFETY: as in lock_acquire_opts: this function's contract is that one.
+    boundary(|| unsafe {
+        hold.run("name", |client, name| match side {
+            LOCK_RW_READ => Ok(client.rwlock(name).read()),
+            LOCK_RW_WRITE => Ok(client.rwlock(name).write()),
+            other => Err(Failure::argument(format!(
+                "side {other} is neither LOCK_RW_READ (1) nor LOCK_RW_WRITE (2)"
+            ))),
+        })
     })
 }
 
@@ -652,13 +646,10 @@ impl AcquireArgs {
     unsafe fn run(
         self,
         what: &str,
-        describe: impl for<'a> FnOnce(&'a Client, &'a str) -> LockBuilder<'a>,
+        describe: impl for<'a> FnOnce(&'a Client, &'a str) -> Result<LockBuilder<'a>, Failure>,
     ) -> Result<(), Failure> {
-        // SAFETY: `name` is NULL or NUL-terminated and outlives this call (this function's
-        // contract).
-        let name = unsafe { str_arg(self.name, what) }?;
-        // SAFETY: `out_lock` is NULL or writable (this function's contract).
-        let out = unsafe { Out::new(self.out_lock, "out_lock") }?;
+        // The options first: from here on, every way out gives `user_data` back (its
+        // `user_data_free`), a failed argument check included.
         let opts = if self.opts.is_null() {
             default_acquire_options()
         } else {
@@ -673,6 +664,17 @@ impl AcquireArgs {
                 )
             }?
         };
+        let on_lost = opts.on_lost.map(|callback| {
+            (
+                callback,
+                UserData::owned(opts.user_data, opts.user_data_free),
+            )
+        });
+        // SAFETY: `name` is NULL or NUL-terminated and outlives this call (this function's
+        // contract).
+        let name = unsafe { str_arg(self.name, what) }?;
+        // SAFETY: `out_lock` is NULL or writable (this function's contract).
+        let out = unsafe { Out::new(self.out_lock, "out_lock") }?;
         let cancel = match opts.cancel {
             0 => None,
             handle => Some(
@@ -689,11 +691,10 @@ impl AcquireArgs {
         let client = self::client(self.client)?;
         let (ttl_ms, wait_ms) = (self.ttl_ms, self.wait_ms);
         let handle = LOCKS.insert_with(|handle| -> Result<LockEntry, Failure> {
-            let mut builder = describe(&client, name)
+            let mut builder = describe(&client, name)?
                 .ttl(millis(ttl_ms))
                 .renew(opts.renew);
-            if let Some(callback) = opts.on_lost {
-                let user_data = UserData::owned(opts.user_data, opts.user_data_free);
+            if let Some((callback, user_data)) = on_lost {
                 builder = builder.on_lost(move |reason| {
                     let reason = match reason {
                         LostReason::Unreachable => LOCK_LOST_UNREACHABLE,

@@ -246,6 +246,57 @@ static void test_user_data_is_given_back_once_the_library_is_done_with_it(void) 
     CHECK(tracked_get(&b, &b.lost_calls) == 0 && tracked_get(&b, &b.freed) == 1);
     pthread_mutex_destroy(&a.mutex);
     pthread_mutex_destroy(&b.mutex);
+
+    /* A hold released while the loss report is running another hold's slow on_lost is not
+     * called after its release either (the report once took every hold's callback at its
+     * start). */
+    tracked_opts(&opts, &a);
+    a.lost_sleep_ms = 500;
+    opts.reentrant = true;
+    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", 300, 0, &opts, &first), LOCK_OK);
+    tracked_opts(&opts, &b);
+    opts.reentrant = true;
+    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", 300, 0, &opts, &second), LOCK_OK);
+    CHECK(raw_command(reply, sizeof reply, 2, del) == 0);
+    CHECK(tracked_wait(&a, &a.in_lost, 1) == 1);
+    CHECK_STATUS(lock_release(second), LOCK_NOT_HELD);
+    CHECK(tracked_get(&b, &b.freed) == 1);
+    CHECK(tracked_wait(&a, &a.freed, 1) == 1);
+    sleep_ms(200);
+    CHECK(tracked_get(&b, &b.lost_calls) == 0);
+    CHECK_STATUS(lock_release(first), LOCK_NOT_HELD);
+    CHECK(tracked_get(&a, &a.freed) == 1 && tracked_get(&a, &a.freed_in_use) == 0);
+    pthread_mutex_destroy(&a.mutex);
+    pthread_mutex_destroy(&b.mutex);
+
+    /* Every failed acquire gives user_data back before it returns, whatever the error. */
+    {
+        lock_client_t closed = open_client();
+        int i;
+        int32_t status[6];
+        struct tracked each[6];
+        CHECK_STATUS(lock_client_close(closed), LOCK_OK);
+        for (i = 0; i < 6; i++) tracked_opts(&opts, &each[i]); /* opts: the last one's */
+        opts.user_data = &each[0];
+        status[0] = lock_acquire_opts((lock_client_t)0xdead, "c:user-data", 1000, 0, &opts, &first);
+        opts.user_data = &each[1];
+        status[1] = lock_acquire_opts(closed, "c:user-data", 1000, 0, &opts, &first);
+        opts.user_data = &each[2];
+        status[2] = lock_acquire_opts(client, NULL, 1000, 0, &opts, &first);
+        opts.user_data = &each[3];
+        opts.cancel = (lock_cancel_t)0x12345678;
+        status[3] = lock_acquire_opts(client, "c:user-data", 1000, 0, &opts, &first);
+        opts.cancel = 0;
+        opts.user_data = &each[4];
+        status[4] = lock_rwlock_acquire(client, "c:user-data-rw", 7, 1000, 0, &opts, &first);
+        opts.user_data = &each[5];
+        status[5] = lock_acquire_opts(client, "c:user-data", 1000, 0, &opts, NULL);
+        for (i = 0; i < 6; i++) {
+            CHECK(status[i] == LOCK_ERR_HANDLE || status[i] == LOCK_ERR_ARGUMENT);
+            CHECK(tracked_get(&each[i], &each[i].freed) == 1);
+            pthread_mutex_destroy(&each[i].mutex);
+        }
+    }
     pthread_mutex_destroy(&busy.mutex);
     CHECK_STATUS(lock_client_close(client), LOCK_OK);
 }
