@@ -251,7 +251,7 @@ static void test_user_data_is_given_back_once_the_library_is_done_with_it(void) 
      * called after its release either (the report once took every hold's callback at its
      * start). */
     tracked_opts(&opts, &a);
-    a.lost_sleep_ms = 500;
+    a.lost_sleep_ms = 1000; /* time enough for the release below, even under valgrind */
     opts.reentrant = true;
     CHECK_STATUS(lock_acquire_opts(client, "c:user-data", 300, 0, &opts, &first), LOCK_OK);
     tracked_opts(&opts, &b);
