@@ -323,10 +323,9 @@ typedef struct lock_acquire_options_t {
    * Called exactly once with `user_data` when the library will not use it any more:
    * before an acquire that fails returns (whatever the error, unless these options were
    * refused: a `size` no version of the struct has); once `on_lost` has returned from
-   * its one call;
-   * or, for a hold released with no loss report under way, during `lock_release` (or the
-   * `lock_client_close` that released it). Only with `on_lost` (NULL `on_lost`: never
-   * called). Default NULL.
+   * its one call; or, for a hold released with no loss report under way, during
+   * `lock_release` (or the `lock_client_close` that released it). Only with `on_lost`
+   * (NULL `on_lost`: never called). Default NULL.
    */
   lock_user_data_free_cb user_data_free;
 } lock_acquire_options_t;
