@@ -743,7 +743,10 @@ impl AcquireArgs {
                     log::warn!("releasing a lock acquired as its client was closed: {e}");
                 }
             }
-            return Err(Failure::handle("client"));
+            return Err(Failure::new(
+                LOCK_ERR_HANDLE,
+                "the client was closed during the acquire; the lock it got was given back",
+            ));
         }
         out.write(handle);
         Ok(())

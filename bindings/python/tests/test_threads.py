@@ -193,6 +193,7 @@ def test_an_acquire_that_ends_after_its_client_was_closed_holds_nothing(server, 
     assert holder.release() is True
     t.join(15)
     assert len(outcome) == 1 and isinstance(outcome[0], InvalidHandleError), outcome
+    assert "closed during the acquire" in str(outcome[0])
     assert not lk.held
     assert r.exists("closed-meanwhile") == 0
     assert registry_is_empty()
