@@ -240,9 +240,10 @@ fn a_blocking_lost_callback_does_not_hold_up_renewal_of_later_locks() {
 fn renewal_stats_count_renewals_and_failures() {
     let server = RedisServer::start();
     let proxy = support::proxy::Proxy::start(server.port);
+    // Short enough for the loss to show within the ttl, long enough for a loaded host.
     let options = redlease::ClientOptions::default()
-        .io_timeout(Duration::from_millis(100))
-        .connect_timeout(Duration::from_millis(100));
+        .io_timeout(Duration::from_millis(250))
+        .connect_timeout(Duration::from_millis(250));
     let client = Client::with_options(&proxy.url(), options).unwrap();
     let before = redlease::renewal_stats();
     let guard = client.lock("counted").ttl(TTL).try_acquire().unwrap();
