@@ -116,6 +116,16 @@ fn a_cluster_failover_mid_run_keeps_calls_bounded_and_holders_honest() {
     let client = quick(&cluster.url());
     let name = "hot";
     let primary = cluster.primary_of(redlease::key_slot(name.as_bytes()));
+    // The primary learns of its replica by gossip, which may come after the cluster is ok.
+    let primary_id = LocalCluster::id(primary);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            !primary
+                .cmd::<Vec<String>>(&["CLUSTER", "REPLICAS", &primary_id])
+                .is_empty()
+        }),
+        "the primary of {name:?} never listed its replica"
+    );
     let replica_port = cluster.replica_of(primary).port;
     let stop = Arc::new(AtomicBool::new(false));
     let inside = Arc::new(AtomicU64::new(0));
@@ -196,19 +206,30 @@ fn a_cluster_failover_mid_run_keeps_calls_bounded_and_holders_honest() {
 }
 
 /// Cluster: migrating a held lock's slot to another primary (MIGRATING/IMPORTING, then
-/// MIGRATE of its keys, then SETSLOT NODE): renewal and release go on working.
+/// MIGRATE of its keys, then SETSLOT NODE): renewal, acquire and release go on working,
+/// also by `ASK` to a target whose script cache is empty (a `NOSCRIPT` resend once went
+/// without `ASKING`, was answered `MOVED`, and every call failed until the slot moved).
+/// Each phase lasts until the renewals were seen where the key is (from the nodes' `INFO
+/// commandstats`, which count only calls that ran), not for a fixed time.
 #[test]
 fn a_held_lock_survives_the_migration_of_its_slot() {
     let cluster = LocalCluster::start(3, 0);
-    let client = quick(&cluster.url());
+    let client = Client::open(&cluster.url()).unwrap();
     let name = "migrating";
     let slot = redlease::key_slot(name.as_bytes());
+    // Scripts that ran on `node`, in either form (EVAL after a NOSCRIPT).
+    let scripts = |node: &RedisServer| node.calls("evalsha") + node.calls("eval");
+    // Waits until `count` has grown by `by`.
+    let grows = |count: &dyn Fn() -> u64, by: u64| {
+        let before = count();
+        eventually(Duration::from_secs(10), || count() >= before + by)
+    };
     let lost = Arc::new(AtomicBool::new(false));
     let guard = {
         let lost = lost.clone();
         client
             .lock(name)
-            .ttl(Duration::from_millis(900))
+            .ttl(Duration::from_secs(3))
             .on_lost(move |_| lost.store(true, Ordering::SeqCst))
             .acquire()
             .unwrap()
@@ -223,8 +244,12 @@ fn a_held_lock_survives_the_migration_of_its_slot() {
     let slot_text = slot.to_string();
     target.cmd::<()>(&["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &source_id]);
     source.cmd::<()>(&["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &target_id]);
-    // Renewal runs across the migration (every 300 ms).
-    std::thread::sleep(Duration::from_millis(700));
+    // Renewal runs across the migration (every second): on the source while the key is
+    // there,
+    assert!(
+        grows(&|| scripts(source), 1),
+        "no renewal on the source while migrating"
+    );
     let keys: Vec<String> = source.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_text, "100"]);
     assert!(keys.contains(&name.to_owned()), "{keys:?}");
     let mut migrate = redis::cmd("MIGRATE");
@@ -236,12 +261,49 @@ fn a_held_lock_survives_the_migration_of_its_slot() {
         .arg(5000)
         .arg("KEYS")
         .arg(&keys);
+    target.cmd::<()>(&["SCRIPT", "FLUSH"]);
     let _: () = migrate.query(&mut source.conn()).unwrap();
-    std::thread::sleep(Duration::from_millis(700));
+    // on the target by ASK once the key moved, though its script cache was empty,
+    assert!(
+        grows(&|| scripts(target), 1),
+        "no renewal ran on the target by ASK"
+    );
+    assert!(target.calls("asking") >= 1);
+    // A new lock of the slot has keys on neither side yet: Redis answers its acquire
+    // `TRYAGAIN` until the slot settles, and the acquire waits for that within its bounds
+    // (here 1.5 s, longer than the six quick tries it once gave up after).
+    let taker = {
+        let (client, fresh) = (client.clone(), format!("{{{name}}}:fresh"));
+        std::thread::spawn(move || client.lock(&fresh).try_acquire())
+    };
+    let refusals = |node: &RedisServer| -> u64 {
+        let info: String = node.cmd(&["INFO", "errorstats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("errorstat_TRYAGAIN:count="))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || refusals(target) >= 1),
+        "the new lock's acquire was never refused TRYAGAIN"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
     for node in &cluster.nodes {
         node.cmd::<()>(&["CLUSTER", "SETSLOT", &slot_text, "NODE", &target_id]);
     }
-    std::thread::sleep(Duration::from_millis(1500));
+    let fresh = within(Duration::from_secs(10), move || taker.join().unwrap())
+        .expect("the acquire did not wait for the slot to settle");
+    let fresh_key = fresh.key().to_owned();
+    let stored: String = target.cmd(&["GET", &fresh_key]);
+    assert_eq!(stored, fresh.token());
+    fresh.release().unwrap();
+    assert!(!target.cmd::<bool>(&["EXISTS", &fresh_key]));
+    // and on the target by MOVED once the slot moved (twice: one may have been on its way
+    // by ASK).
+    assert!(
+        grows(&|| scripts(target), 2),
+        "no renewal ran on the target after the slot moved"
+    );
     assert!(guard.is_held(), "renewal failed across the migration");
     assert!(!lost.load(Ordering::SeqCst));
     let stored: String = target.cmd(&["GET", name]);
@@ -288,8 +350,9 @@ fn a_sentinel_failover_moves_clients_to_the_new_primary() {
         after.fencing_token()
     );
     after.release().unwrap();
-    // The lock held across: still held with its key on the new primary, or lost.
-    let other = quick(&deployment.url());
+    // The lock held across: still held with its key on the new primary, or lost. (Default
+    // timeouts: this one must answer Busy, not time out on a loaded host.)
+    let other = Client::open(&deployment.url()).unwrap();
     match other.lock("across").try_acquire() {
         Ok(second) => {
             assert!(
@@ -327,8 +390,9 @@ fn min_replicas_prevents_a_double_grant_after_a_failover() {
         }));
     };
     follow(&replica);
-    let a = quick(&primary.url());
-    let b = quick(&replica.url());
+    // Default timeouts: only a replication failure may fail these calls.
+    let a = Client::open(&primary.url()).unwrap();
+    let b = Client::open(&replica.url()).unwrap();
 
     // Without WAIT: the write is not yet on the replica when it is promoted.
     link.blackhole(true);

@@ -7,8 +7,9 @@
 //! slot ([`crate::keys`]), and a request goes to that slot's primary on one connection (so a
 //! `WAIT` after a script waits for that script's write). Redirections are followed: `MOVED`
 //! updates the map (and a full refresh follows), `ASK` sends the calls once to the
-//! migration's target after `ASKING`, `TRYAGAIN` and `CLUSTERDOWN` wait a little and try
-//! again; each only for calls that did not run, and only within the request's bounds.
+//! migration's target, each after `ASKING` (scripts as `EVAL`: the target may not have them
+//! cached), `TRYAGAIN` and `CLUSTERDOWN` wait a little and try again; each only for calls
+//! that did not run, and only within the request's bounds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -27,7 +28,9 @@ use crate::url::Addr;
 
 /// Number of hash slots.
 const SLOTS: usize = 16384;
-/// Most redirections followed for one request.
+/// Most tries of one request on a node that could not be reached, and most `MOVED` and
+/// `ASK` redirections followed in a row (a "not now" is tried again until the request's
+/// deadline).
 const MAX_ATTEMPTS: u32 = 6;
 /// Shortest time between two full refreshes of the slot map.
 const REFRESH_EVERY: Duration = Duration::from_millis(100);
@@ -86,6 +89,7 @@ impl Cluster {
         let mut from = 0;
         let mut ask: Option<Arc<Node>> = None;
         let mut attempt = 0;
+        let mut hops = 0;
         loop {
             attempt += 1;
             let asking = ask.is_some();
@@ -94,11 +98,17 @@ impl Cluster {
                 None => self.node_for(slot, deadline)?,
             };
             let result = if asking {
-                let mut with_asking = vec![Call::cmd(&redis::cmd("ASKING"))];
-                with_asking.extend(calls[from..].iter().cloned());
+                // `ASKING` admits only the command after it, and a `NOSCRIPT` resend would
+                // go without it (and be answered `MOVED`): each call gets its own, and
+                // scripts go as `EVAL`.
+                let asking = Call::cmd(&redis::cmd("ASKING"));
+                let with_asking: Vec<Call> = calls[from..]
+                    .iter()
+                    .flat_map(|call| [asking.clone(), call.evaluated()])
+                    .collect();
                 node.exec(&with_asking, how).map(|r| {
                     r.map(|mut r| {
-                        r.values.remove(0);
+                        r.values = r.values.into_iter().skip(1).step_by(2).collect();
                         r
                     })
                 })
@@ -124,13 +134,17 @@ impl Cluster {
                 None => replies,
             };
             let redirect = first_redirect(&merged.values[from..], &node.addr);
-            let Some((i, redirect)) =
-                redirect.filter(|_| attempt < MAX_ATTEMPTS && Instant::now() < deadline)
-            else {
+            // A migrating slot answers `TRYAGAIN` to multi-key requests until its keys
+            // settle on one node: worth waiting for within the request's deadline.
+            let Some((i, redirect)) = redirect.filter(|(_, redirect)| {
+                let moves = matches!(redirect, Redirect::Moved(_) | Redirect::Ask(_));
+                Instant::now() < deadline && !(moves && hops >= MAX_ATTEMPTS)
+            }) else {
                 return Ok(Some(merged));
             };
             match redirect {
                 Redirect::Moved(addr) => {
+                    hops += 1;
                     log::debug!("slot {slot:?} moved to {addr}");
                     let mut map = self.write();
                     let node = node_at(&mut map, &self.factory, &addr);
@@ -139,8 +153,14 @@ impl Cluster {
                     }
                     map.stale = true;
                 }
-                Redirect::Ask(addr) => ask = Some(node_at(&mut self.write(), &self.factory, &addr)),
+                Redirect::Ask(addr) => {
+                    hops += 1;
+                    ask = Some(node_at(&mut self.write(), &self.factory, &addr));
+                }
                 Redirect::Later | Redirect::ReadOnly => {
+                    // Counted by the deadline: the `ASK` that follows a `TRYAGAIN` during
+                    // a migration is no ping-pong.
+                    hops = 0;
                     self.write().stale = true;
                     back_off(attempt, deadline);
                 }

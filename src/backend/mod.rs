@@ -88,6 +88,15 @@ impl Call {
         }
     }
 
+    /// The same call with a script as `EVAL`: it cannot be answered `NOSCRIPT`.
+    pub fn evaluated(&self) -> Call {
+        Call {
+            packed: self.as_eval().into(),
+            script: None,
+            block: self.block,
+        }
+    }
+
     /// The same call as `EVAL` with the script's text (for `NOSCRIPT`).
     fn as_eval(&self) -> Vec<u8> {
         match &self.script {
