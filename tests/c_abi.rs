@@ -161,7 +161,12 @@ fn c_tests_pass_under_address_and_undefined_behaviour_sanitizers() {
             ],
         );
         let mut cmd = Command::new(&exe);
-        cmd.env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0");
+        cmd.env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+            // The sanitizers slow every call down: timing bounds twice as loose (the
+            // signal tests' 500 ms promptness bounds become 1 s, still short of the 2 s
+            // I/O timeout a slow withdrawal would wait), and the short leases twice as
+            // long.
+            .env("REDLEASE_TEST_SLOW", "2");
         run_c_test(cmd, &format!("{} under ASan/UBSan", stem(source)));
     }
 }
@@ -261,7 +266,9 @@ fn the_example_worker_builds_runs_and_stops_cleanly_on_sigterm_while_blocked() {
     let blocked = support::eventually(Duration::from_secs(10), || blocked_clients(&server) >= 1);
     assert!(blocked, "the worker did not block on job:3");
 
-    // SIGTERM while it is blocked: it must exit, cleanly, within about a second.
+    // SIGTERM while it is blocked: it must exit, cleanly, within a few seconds (it stops at
+    // once; the bound leaves room for a loaded host, and a wait that SIGTERM did not end
+    // lasts its 30 s: the 5 s loop below catches it).
     let sent = Instant::now();
     // SAFETY: kill(2) on our own child, by its pid.
     unsafe { libc::kill(worker.0.id() as i32, libc::SIGTERM) };
@@ -276,7 +283,7 @@ fn the_example_worker_builds_runs_and_stops_cleanly_on_sigterm_while_blocked() {
     let stderr = read_all(worker.0.stderr.take());
     assert!(status.success(), "{status}\n{stdout}\n{stderr}");
     assert!(
-        stopped_after < Duration::from_secs(1),
+        stopped_after < Duration::from_secs(3),
         "the worker took {stopped_after:?} to stop on SIGTERM\n{stdout}\n{stderr}"
     );
     assert!(

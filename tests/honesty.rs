@@ -106,7 +106,9 @@ fn a_signal_storm_never_fails_a_call() {
 }
 
 /// Item 3: the connect timeout bounds the whole handshake (a server that accepts TCP and
-/// never answers costs one connect timeout, not one per handshake command).
+/// never answers costs one connect timeout, not one per handshake command: the second
+/// URL's `AUTH` and `SELECT` would then take 2 s, as would a handshake bounded by the I/O
+/// timeout).
 #[test]
 fn the_connect_timeout_bounds_the_handshake() {
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -115,25 +117,27 @@ fn the_connect_timeout_bounds_the_handshake() {
         format!("redis://:pw@127.0.0.1:{port}/0"),
         format!("redis://u:pw@127.0.0.1:{port}/3"),
     ] {
-        let client = Client::with_options(&url, options_ms(300, 300)).unwrap();
+        let client = Client::with_options(&url, options_ms(2000, 1000)).unwrap();
         let started = Instant::now();
         let err = client.ping().unwrap_err();
         let took = started.elapsed();
         assert!(err.is_unreachable(), "{err}");
-        assert!(took < Duration::from_millis(600), "{url}: {took:?}");
+        assert!(took < Duration::from_millis(1800), "{url}: {took:?}");
     }
     drop(silent);
 }
 
 /// Item 3: the lost signal fires at the lease's local deadline, even when the renewal has
 /// to reconnect to a server whose handshake never answers. The lateness is printed (the
-/// benchmark reports it as a figure); the assertion only has a margin for a busy machine.
+/// benchmark reports it as a figure); the assertion only has a margin for a busy machine (a
+/// signal that waited for the reconnect would come over 2 s late: the first renewal, a
+/// third of the ttl in, plus the 3 s connect timeout, against the 1 s deadline).
 #[test]
 fn the_lost_signal_fires_at_the_deadline_not_after_a_reconnect() {
     let server = RedisServer::start_with(&["--requirepass", "pw"]);
     let proxy = Proxy::start(server.port);
     let url = format!("redis://:pw@127.0.0.1:{}/0", proxy.port());
-    let client = Client::with_options(&url, options_ms(2000, 2000)).unwrap();
+    let client = Client::with_options(&url, options_ms(2000, 3000)).unwrap();
     let lost_at = Arc::new(Mutex::new(None));
     let guard = {
         let lost_at = lost_at.clone();
@@ -157,7 +161,7 @@ fn the_lost_signal_fires_at_the_deadline_not_after_a_reconnect() {
     let late = lost.saturating_duration_since(deadline);
     eprintln!("lost signal {late:?} after the local deadline");
     assert!(
-        late < Duration::from_millis(300),
+        late < Duration::from_millis(1000),
         "lost {late:?} after the deadline"
     );
     assert!(!guard.is_held());
@@ -166,12 +170,14 @@ fn the_lost_signal_fires_at_the_deadline_not_after_a_reconnect() {
 }
 
 /// Item 4: a release whose reply is lost is reported as a connection error whose outcome
-/// is unknown, never as a false "not held"; it is not repeated blindly. 3 of 3 runs.
+/// is unknown, never as a false "not held"; it is not repeated blindly. 3 of 3 runs. (The
+/// I/O timeout, which each dropped reply costs, is 1 s: short, yet long enough for the other
+/// calls on a loaded host.)
 #[test]
 fn a_release_whose_reply_is_lost_is_not_reported_as_not_held() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
-    let client = Client::with_options(&proxy.url(), options_ms(300, 300)).unwrap();
+    let client = Client::with_options(&proxy.url(), options_ms(1000, 1000)).unwrap();
     // Scripts cached, so that the dropped reply is the one of a release that ran.
     client
         .lock("warm")
@@ -199,7 +205,7 @@ fn a_release_whose_reply_is_lost_is_not_reported_as_not_held() {
 fn an_acquire_whose_reply_is_lost_reports_an_error_and_holds_nothing() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
-    let client = Client::with_options(&proxy.url(), options_ms(300, 300)).unwrap();
+    let client = Client::with_options(&proxy.url(), options_ms(1000, 1000)).unwrap();
     client.ping().unwrap();
     let rule = proxy.on_request(b"lost-acquire", 1, Action::DropReply);
     let err = client.lock("lost-acquire").try_acquire().unwrap_err();
@@ -246,7 +252,9 @@ fn a_waiter_survives_resets_of_its_connection() {
 }
 
 /// Item 6: releases never wait behind blocked waiters: with a pool of 4 and 40 waiters,
-/// every release goes through at once, and every waiter gets the lock in the end.
+/// every release goes through at once (the bound leaves a loaded host time; a release
+/// starved of a connection would wait out the 2 s pool wait, then fail), and every waiter
+/// gets the lock in the end.
 #[test]
 fn releases_are_never_starved_by_blocked_waiters() {
     let server = RedisServer::start();
@@ -270,7 +278,7 @@ fn releases_are_never_starved_by_blocked_waiters() {
     let started = Instant::now();
     holder.release().unwrap();
     assert!(
-        started.elapsed() < Duration::from_millis(500),
+        started.elapsed() < Duration::from_millis(1500),
         "{:?}",
         started.elapsed()
     );
@@ -316,8 +324,9 @@ fn waiting_works_with_a_10_ms_io_timeout() {
     }
 }
 
-/// Item 9: closing a client closes its connections within a second, also after renewal
-/// threads served its locks.
+/// Item 9: closing a client closes its connections at once, also after renewal threads
+/// served its locks. (The check allows a loaded host 5 s; a connection kept by a parked
+/// renewal or batching thread would stay open for their 30 s idle time.)
 #[test]
 fn a_closed_client_closes_its_connections() {
     let server = RedisServer::start();
@@ -328,21 +337,27 @@ fn a_closed_client_closes_its_connections() {
             .and_then(|n| n.trim().parse().ok())
             .unwrap()
     };
+    let scripts = || server.calls("evalsha") + server.calls("eval");
     let baseline = connected();
     let client = Client::open(&server.url()).unwrap();
     for i in 0..5 {
         let guard = client
             .lock(&format!("close-{i}"))
-            .ttl(Duration::from_millis(300))
+            .ttl(Duration::from_millis(1000))
             .try_acquire()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(250));
+        // Until its first renewal ran (a third of the ttl in).
+        let before = scripts();
+        assert!(
+            eventually(Duration::from_secs(5), || scripts() > before),
+            "close-{i} was never renewed"
+        );
         guard.release().unwrap();
     }
     assert!(connected() > baseline);
     drop(client);
     assert!(
-        eventually(Duration::from_secs(1), || connected() <= baseline),
+        eventually(Duration::from_secs(5), || connected() <= baseline),
         "{} connections left open",
         connected() - baseline
     );
@@ -478,7 +493,7 @@ fn short_ttls_zero_pool_wait_and_extend_after_a_loss() {
 fn a_release_after_a_loss_reports_not_held_and_still_frees_the_key() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
-    let client = Client::with_options(&proxy.url(), options_ms(300, 300)).unwrap();
+    let client = Client::with_options(&proxy.url(), options_ms(1000, 1000)).unwrap();
     let name = "lost-then-released";
     // The ttl in milliseconds marks the renewals (EXTEND name token 1733).
     let guard = client

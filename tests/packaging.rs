@@ -135,8 +135,9 @@ fn open(server: &RedisServer) -> lock_client_t {
             LOCK_OK
         );
         let mut opts = opts.assume_init();
-        opts.io_timeout_ms = 100;
-        opts.connect_timeout_ms = 200;
+        // Short, yet long enough for every acquire on a loaded host.
+        opts.io_timeout_ms = 500;
+        opts.connect_timeout_ms = 1000;
         assert_eq!(
             lock_client_open_opts(url.as_ptr(), &opts, &mut client),
             LOCK_OK
@@ -201,8 +202,9 @@ fn log_records_reach_a_c_callback_from_renewal_threads() {
     assert_eq!(lock_release(lock), LOCK_NOT_HELD);
 
     // 2. The server stops answering: renewals time out and are retried, with warnings
-    // logged on the renewal thread, until the lease runs out.
-    let lock = acquire(client, "packaging:paused", 600);
+    // logged on the renewal thread, until the lease runs out. (The first renewal, 1 s in,
+    // times out half a second later, well before the deadline.)
+    let lock = acquire(client, "packaging:paused", 3000);
     server.pause();
     let warned = wait_for(&RECORDS, |r| {
         r.level == LOCK_LOG_WARN

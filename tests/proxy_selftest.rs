@@ -85,16 +85,24 @@ fn reply_and_request_delays_are_applied() {
     // The server ran it at once; only the reply was late.
     proxy.set_reply_delay(Duration::ZERO);
 
+    let d = Duration::from_millis(600);
     proxy.set_request_delay(d);
     let (tx, rx) = mpsc::channel();
     let t = std::thread::spawn(move || {
         let start = Instant::now();
+        tx.send(start).unwrap();
         set(&mut conn, "delayed-req", "1").unwrap();
-        tx.send(start.elapsed()).unwrap();
+        tx.send(Instant::now()).unwrap();
     });
-    std::thread::sleep(Duration::from_millis(60));
-    assert_eq!(server.get("delayed-req"), None, "request forwarded early");
-    let elapsed = rx.recv_timeout(TIMEOUT).unwrap();
+    let start = rx.recv_timeout(TIMEOUT).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let early = server.get("delayed-req");
+    // Only a look taken less than `d` after the request was sent proves anything (a
+    // loaded host may get here later).
+    if start.elapsed() < d {
+        assert_eq!(early, None, "request forwarded early");
+    }
+    let elapsed = rx.recv_timeout(TIMEOUT).unwrap() - start;
     assert!(elapsed >= d, "{elapsed:?}");
     t.join().unwrap();
     assert_eq!(server.get("delayed-req").as_deref(), Some("1"));
@@ -102,7 +110,7 @@ fn reply_and_request_delays_are_applied() {
 
     // Not serialised: replies to two requests sent 50 ms apart go out 50 ms apart, each
     // `d` after it was read (done at ~d + 50 ms; serialised would be 2 × d).
-    let d = Duration::from_millis(200);
+    let d = Duration::from_millis(1000);
     proxy.set_reply_delay(d);
     let mut s = raw(&proxy);
     let start = Instant::now();
@@ -116,7 +124,7 @@ fn reply_and_request_delays_are_applied() {
     assert!(first >= d, "{first:?}");
     assert!(second >= d + Duration::from_millis(50), "{second:?}");
     assert!(
-        second < 2 * d - Duration::from_millis(20),
+        second < 2 * d - Duration::from_millis(300),
         "serialised: {second:?}"
     );
 }
@@ -126,20 +134,14 @@ fn delay_reply_rule_delays_only_the_matching_reply() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let mut conn = connect(&proxy.url(), TIMEOUT);
-    let rule = proxy.on_request(
-        b"slow-reply",
-        1,
-        Action::DelayReply(Duration::from_millis(200)),
-    );
+    let delay = Duration::from_millis(1000);
+    let rule = proxy.on_request(b"slow-reply", 1, Action::DelayReply(delay));
     let start = Instant::now();
     set(&mut conn, "slow-reply", "1").unwrap();
-    assert!(start.elapsed() >= Duration::from_millis(200));
+    assert!(start.elapsed() >= delay);
     let start = Instant::now();
     set(&mut conn, "slow-reply", "2").unwrap();
-    assert!(
-        start.elapsed() < Duration::from_millis(150),
-        "rule used once only"
-    );
+    assert!(start.elapsed() < delay * 7 / 10, "rule used once only");
     assert_eq!(proxy.matched(rule), 1);
 }
 
@@ -209,11 +211,8 @@ fn reset_before_request_never_runs_the_command() {
 fn delay_request_holds_the_request_and_those_behind_it() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
-    let rule = proxy.on_request(
-        b"held-req",
-        1,
-        Action::DelayRequest(Duration::from_millis(250)),
-    );
+    let delay = Duration::from_millis(1000);
+    let rule = proxy.on_request(b"held-req", 1, Action::DelayRequest(delay));
     let mut s = raw(&proxy);
     let start = Instant::now();
     s.write_all(b"*3\r\n$3\r\nSET\r\n$8\r\nheld-req\r\n$1\r\n1\r\n")
@@ -221,14 +220,15 @@ fn delay_request_holds_the_request_and_those_behind_it() {
     s.write_all(b"*3\r\n$3\r\nSET\r\n$6\r\nbehind\r\n$1\r\n2\r\n")
         .unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(server.get("held-req"), None);
-    assert_eq!(
-        server.get("behind"),
-        None,
-        "a later request overtook the held one"
-    );
+    let (held, behind) = (server.get("held-req"), server.get("behind"));
+    // Only a look taken less than `delay` after the requests were sent proves anything (a
+    // loaded host may get here later).
+    if start.elapsed() < delay {
+        assert_eq!(held, None);
+        assert_eq!(behind, None, "a later request overtook the held one");
+    }
     assert_eq!(read_n(&mut s, 10), b"+OK\r\n+OK\r\n");
-    assert!(start.elapsed() >= Duration::from_millis(250));
+    assert!(start.elapsed() >= delay);
     assert_eq!(server.get("held-req").as_deref(), Some("1"));
     assert_eq!(server.get("behind").as_deref(), Some("2"));
     assert_eq!(proxy.matched(rule), 1);
@@ -255,7 +255,11 @@ fn blackhole_holds_everything_until_released() {
     s.set_read_timeout(Some(Duration::from_millis(100)))
         .unwrap();
     assert!(s.read(&mut [0; 8]).is_err());
-    assert_eq!(proxy.open_connections(), 2);
+    assert!(
+        support::eventually(TIMEOUT, || proxy.open_connections() == 2),
+        "{} connections",
+        proxy.open_connections()
+    );
 
     proxy.blackhole(false);
     rx.recv_timeout(TIMEOUT).unwrap().unwrap();
@@ -394,7 +398,8 @@ fn drop_is_prompt_with_connections_open() {
     let start = Instant::now();
     drop(proxy);
     let took = start.elapsed();
-    assert!(took < Duration::from_millis(300), "{took:?}");
+    // Its threads notice the stop within 50 ms; the bound leaves a loaded host the rest.
+    assert!(took < Duration::from_secs(1), "{took:?}");
     assert_eq!(proxy_threads(port), 0, "a proxy thread outlived the proxy");
     assert!(set(&mut conn, "k", "w").is_err());
 }

@@ -576,7 +576,10 @@ fn status_list_and_release_outputs() {
     let server = RedisServer::start();
     let url = server.url();
     let a = Holder::start(&url, "jobs:a", &[]);
-    let b = Holder::start(&url, "jobs:b", &["--ttl", "300ms"]);
+    // A 3 s ttl, renewed every second: the forced release below is found within a second,
+    // and b stays held through the status and list calls however loaded the host (a 300 ms
+    // lease could be lost to a stalled renewal).
+    let b = Holder::start(&url, "jobs:b", &["--ttl", "3s"]);
     let c = Holder::start(&url, "other", &[]);
 
     // status: text.

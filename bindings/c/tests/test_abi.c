@@ -70,8 +70,12 @@ static void test_expired_lease_does_not_touch_next_holder(void) {
 
     CHECK_STATUS(lock_acquire_options_init(&fixed, sizeof fixed), LOCK_OK);
     fixed.renew = false;
-    CHECK_STATUS(lock_acquire_opts(client, "c:timeline", 150, 0, &fixed, &a), LOCK_OK);
-    sleep_ms(400);
+    /* A fixed lease of 150 ms (times slack: a slow run may take longer than 150 ms to
+     * confirm the grant, and then rightly holds nothing), over after the sleep. */
+    CHECK_STATUS(lock_acquire_opts(client, "c:timeline", (uint64_t)(150 * slack), 0, &fixed,
+                                   &a),
+                 LOCK_OK);
+    sleep_ms(400 * slack);
     CHECK_STATUS(lock_is_held(a, &held), LOCK_OK);
     CHECK(!held);
     CHECK_STATUS(lock_acquire(client, "c:timeline", 60000, 0, &b), LOCK_OK);
@@ -122,7 +126,10 @@ static void test_lost_callback(void) {
     CHECK_STATUS(lock_acquire_options_init(&opts, sizeof opts), LOCK_OK);
     opts.on_lost = on_lost;
     opts.user_data = &rec;
-    CHECK_STATUS(lock_acquire_opts(client, "c:lost", 300, 0, &opts, &lock), LOCK_OK);
+    /* A renewed lease of 300 ms (times slack): renewal must find the key gone (NOT_HELD),
+     * not come too late and find the lease over (UNREACHABLE). */
+    CHECK_STATUS(lock_acquire_opts(client, "c:lost", (uint64_t)(300 * slack), 0, &opts, &lock),
+                 LOCK_OK);
     CHECK_STATUS(lock_is_held(lock, &held), LOCK_OK);
     CHECK(held);
     CHECK(raw_command(reply, sizeof reply, 2, del) == 0);
@@ -207,6 +214,8 @@ static void test_user_data_is_given_back_once_the_library_is_done_with_it(void) 
     lock_t first = 0, second = 0, other = 0;
     const char *del[2] = {"DEL", "c:user-data"};
     char reply[64];
+    /* The renewed leases below, held until the DEL: 300 ms, longer on a slow run. */
+    const uint64_t lease = (uint64_t)(300 * slack);
 
     /* A plain hold: given back during its release, not before. */
     tracked_opts(&opts, &a);
@@ -228,10 +237,10 @@ static void test_user_data_is_given_back_once_the_library_is_done_with_it(void) 
     tracked_opts(&opts, &a);
     a.lost_sleep_ms = 300;
     opts.reentrant = true;
-    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", 300, 0, &opts, &first), LOCK_OK);
+    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", lease, 0, &opts, &first), LOCK_OK);
     tracked_opts(&opts, &b);
     opts.reentrant = true;
-    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", 300, 0, &opts, &second), LOCK_OK);
+    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", lease, 0, &opts, &second), LOCK_OK);
     CHECK_STATUS(lock_release(second), LOCK_OK);
     CHECK(tracked_get(&b, &b.freed) == 1);
     CHECK(raw_command(reply, sizeof reply, 2, del) == 0);
@@ -253,10 +262,10 @@ static void test_user_data_is_given_back_once_the_library_is_done_with_it(void) 
     tracked_opts(&opts, &a);
     a.lost_sleep_ms = 1000; /* time enough for the release below, even under valgrind */
     opts.reentrant = true;
-    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", 300, 0, &opts, &first), LOCK_OK);
+    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", lease, 0, &opts, &first), LOCK_OK);
     tracked_opts(&opts, &b);
     opts.reentrant = true;
-    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", 300, 0, &opts, &second), LOCK_OK);
+    CHECK_STATUS(lock_acquire_opts(client, "c:user-data", lease, 0, &opts, &second), LOCK_OK);
     CHECK(raw_command(reply, sizeof reply, 2, del) == 0);
     CHECK(tracked_wait(&a, &a.in_lost, 1) == 1);
     CHECK_STATUS(lock_release(second), LOCK_NOT_HELD);
@@ -489,7 +498,7 @@ static void test_old_acquire_options_still_work(void) {
     void *exact, *garbage_tail;
     lock_t lock = 0, holder = 0;
     bool held = true;
-    double started, waited;
+    double holder_asked, started, ended;
 
     CHECK(offsetof(old_acquire_options_t, renew) == offsetof(lock_acquire_options_t, renew));
     CHECK(offsetof(old_acquire_options_t, on_lost) == offsetof(lock_acquire_options_t, on_lost));
@@ -521,13 +530,13 @@ static void test_old_acquire_options_still_work(void) {
     CHECK_STATUS(lock_acquire_options_init(&fixed, 12), LOCK_ERR_ARGUMENT);
 
     /* Exactly the old struct's bytes: the library reads no further, and takes renew=false
-     * from it (the 150 ms lease is not renewed). */
+     * from it (the 150 ms lease, times slack, is not renewed). */
     exact = old_struct_copy(&old, sizeof old, sizeof old);
-    CHECK_STATUS(lock_acquire_opts(client, "c:old-opts", 150, 0,
+    CHECK_STATUS(lock_acquire_opts(client, "c:old-opts", (uint64_t)(150 * slack), 0,
                                    (const lock_acquire_options_t *)exact, &lock),
                  LOCK_OK);
     CHECK(raw_integer("EXISTS", "c:old-opts") == 1);
-    sleep_ms(400);
+    sleep_ms(400 * slack);
     CHECK_STATUS(lock_is_held(lock, &held), LOCK_OK);
     CHECK(!held);
     CHECK(raw_integer("EXISTS", "c:old-opts") == 0);
@@ -536,17 +545,24 @@ static void test_old_acquire_options_still_work(void) {
 
     /* Garbage past the old size: the fields there take their defaults (no cancel handle, no
      * interrupt callback), also through a wait of several 200 ms slices, during which an
-     * interrupt callback would be called. The holder's fixed 300 ms lease ends the wait. */
+     * interrupt callback would be called. The holder's fixed 300 ms lease (times slack) ends
+     * the wait: not before it is over, counted from before the holder asked for it (the
+     * server starts the lease later). */
     fixed.renew = false;
-    CHECK_STATUS(lock_acquire_opts(client, "c:old-opts-wait", 300, 0, &fixed, &holder), LOCK_OK);
+    holder_asked = now_ms();
+    CHECK_STATUS(lock_acquire_opts(client, "c:old-opts-wait", (uint64_t)(300 * slack), 0, &fixed,
+                                   &holder),
+                 LOCK_OK);
     garbage_tail = old_struct_copy(&old, sizeof old, sizeof(lock_acquire_options_t));
     lock = 0;
     started = now_ms();
     CHECK_STATUS(lock_acquire_opts(client, "c:old-opts-wait", 10000, 5000,
                                    (const lock_acquire_options_t *)garbage_tail, &lock),
                  LOCK_OK);
-    waited = now_ms() - started;
-    CHECK(waited >= 150 && waited < 3000.0 * (double)slack);
+    ended = now_ms();
+    /* Less 10 ms: the server's expiry is by its own clock, to the millisecond. */
+    CHECK(ended - holder_asked >= 300.0 * (double)slack - 10.0);
+    CHECK(ended - started < 3000.0 * (double)slack);
     CHECK(lock != 0);
     CHECK(raw_integer("PTTL", "c:old-opts-wait") > 5000);
     CHECK_STATUS(lock_release(lock), LOCK_OK);

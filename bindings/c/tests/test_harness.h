@@ -7,7 +7,8 @@
  * helpers are static inline so that a program need not use them all.
  *
  * Environment: REDIS_URL, REDIS_HOST, REDIS_PORT (set by tests/c_abi.rs); REDLEASE_TEST_SLOW
- * (set under valgrind: timing bounds are multiplied by it).
+ * (set under the sanitizers and valgrind: timing bounds, and the short leases that must
+ * survive or lapse on time, are multiplied by it).
  */
 #ifndef REDLEASE_TEST_HARNESS_H
 #define REDLEASE_TEST_HARNESS_H
@@ -55,7 +56,7 @@ static int passed, failed;
 static const char *url;
 static const char *host;
 static int port;
-/* Timing bounds are multiplied by this (REDLEASE_TEST_SLOW, 1 by default). */
+/* Timing bounds and short leases are multiplied by this (REDLEASE_TEST_SLOW, 1 by default). */
 static long slack = 1;
 
 /* Reads the environment; returns 0, or prints what is missing and returns -1. */

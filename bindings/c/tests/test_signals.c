@@ -9,7 +9,7 @@
  * - the on_interrupt callback of lock_acquire_options_t.
  *
  * Environment: REDIS_URL, REDIS_HOST, REDIS_PORT; REDLEASE_TEST_SLOW (timing bounds are
- * multiplied by it, under valgrind); REDLEASE_TEST_STORM_CYCLES (acquire/release cycles of
+ * multiplied by it, under the sanitizers and valgrind); REDLEASE_TEST_STORM_CYCLES (acquire/release cycles of
  * the signal storm, default 2000). Prints "N passed, M failed" and exits non-zero on
  * failure.
  */

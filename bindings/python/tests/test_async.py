@@ -82,7 +82,9 @@ def test_cancelling_a_task_blocked_on_a_held_lock_ends_it_promptly_holding_nothi
         with pytest.raises(asyncio.CancelledError):
             await task
         took = time.monotonic() - cancelled_at
-        assert took < 0.5, f"the cancellation took {took:.3f} s"
+        # At once, with room for a loaded host; well short of the 2 s I/O timeout a
+        # withdrawal that did not hurry would wait.
+        assert took < 1.5, f"the cancellation took {took:.3f} s"
         return lk
 
     lk = asyncio.run(main())

@@ -30,6 +30,11 @@ def in_thread(fn):
     return t, outcome
 
 
+# How soon a cancelled wait must end: at once, with room for a loaded host; well short of
+# the 2 s I/O timeout a withdrawal that did not hurry would wait, and of the waits.
+PROMPTLY = 1.5
+
+
 def wait_for_waiter(r, key, limit=5.0):
     deadline = time.monotonic() + limit
     while r.zcard(f"redlease:queue:{{{key}}}") == 0 and time.monotonic() < deadline:
@@ -50,7 +55,7 @@ def test_a_token_ends_a_blocked_acquire_from_another_thread(client, r):
     assert len(outcome) == 1
     exc, when = outcome[0]
     assert isinstance(exc, LockCancelledError) and exc.status == 3
-    assert when - cancelled_at < 0.5
+    assert when - cancelled_at < PROMPTLY
     assert not waiter.held
     assert r.zcard("redlease:queue:{cancelled}") == 0
     assert holder.release() is True
@@ -65,7 +70,7 @@ def test_a_cancelled_token_stops_later_waits_but_not_single_attempts(client):
     started = time.monotonic()
     with pytest.raises(LockCancelledError):
         client.acquire("later", wait=5.0, cancel=token)
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < PROMPTLY
     assert holder.release() is True
     lk = client.acquire("later", wait=0, cancel=token)  # a single attempt does not wait
     assert lk.held
@@ -104,7 +109,7 @@ def test_a_token_also_ends_a_wait_for_another_threads_holding_of_the_object(clie
     t.join(5)
     exc, when = outcome[0]
     assert isinstance(exc, LockCancelledError)
-    assert when - cancelled_at < 0.5
+    assert when - cancelled_at < PROMPTLY
     assert lk.held
     assert lk.release() is True
     token.close()
@@ -122,7 +127,7 @@ def test_cancel_all_ends_every_wait_until_reset(client, r):
             t.join(5)
             exc, when = outcome[0]
             assert isinstance(exc, LockCancelledError)
-            assert when - cancelled_at < 0.5
+            assert when - cancelled_at < PROMPTLY
         # Later waits are cancelled too; single attempts are not.
         with pytest.raises(LockCancelledError):
             client.acquire("all-free", wait=1.0)

@@ -95,7 +95,10 @@ def test_ctrl_c_interrupts_a_blocked_acquire_promptly_and_leaves_nothing(client,
         line = lines.next(5)
         took = time.monotonic() - sent
         assert line == "interrupted", f"got {line!r}"
-        assert took < 0.5, f"KeyboardInterrupt took {took:.3f} s"
+        # Promptly (milliseconds, at most a 200 ms slice where the signal reaches another
+        # thread), with room for a loaded host; well short of the 2 s I/O timeout a slow
+        # withdrawal would wait.
+        assert took < 1.5, f"KeyboardInterrupt took {took:.3f} s"
         print(f"KeyboardInterrupt after {took * 1000:.0f} ms")
         assert lines.next(5) == "registry 0 0"
         # The child is still alive and holds nothing: not registered as a waiter...
@@ -167,13 +170,20 @@ def test_a_signal_handler_that_raises_ends_the_wait_with_its_exception(client, r
     holder = client.acquire("sigusr2", ttl=10.0, wait=0)
     previous = signal.signal(signal.SIGUSR2, handler)
     try:
-        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGUSR2))
+        sent = []
+
+        def send():
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+        timer = threading.Timer(0.3, send)
         timer.start()
-        started = time.monotonic()
         waiter = client.lock("sigusr2", wait=10.0)
         with pytest.raises(Stop):
             waiter.acquire()
-        assert time.monotonic() - started < 0.3 + 0.5
+        # Counted from the signal (a late timer thread is no fault of the library); a wait
+        # the signal did not end lasts 10 s.
+        assert sent and time.monotonic() - sent[0] < 1.0
         assert signal.getsignal(signal.SIGUSR2) is handler, "the handler was put back"
         timer.join()
     finally:

@@ -100,8 +100,10 @@ def test_leaving_a_with_block_after_losing_the_lock_raises(client, r):
 
 
 def test_renewal_keeps_a_short_lock_for_many_ttls(client, r):
-    lk = client.acquire("renewed", ttl=0.3, wait=0)
-    deadline = time.monotonic() + 2.0
+    # A 1 s lease, for three seconds: a 300 ms one would be lost (rightly) if anything
+    # stalled its renewal for ~200 ms, as a loaded host can.
+    lk = client.acquire("renewed", ttl=1.0, wait=0)
+    deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
         assert lk.held
         assert r.get("renewed") == lk.token
@@ -112,9 +114,11 @@ def test_renewal_keeps_a_short_lock_for_many_ttls(client, r):
 
 def test_losing_the_lock_sets_the_event_and_calls_the_handler(client, r):
     calls = []
-    lk = client.acquire("victim", ttl=0.3, wait=0, on_lost=lambda l, why: calls.append((l, why)))
+    # A 1 s lease: renewal finds the key taken ("not_held"); a renewal a loaded host held up
+    # past a short lease's end would find it over ("unreachable") instead.
+    lk = client.acquire("victim", ttl=1.0, wait=0, on_lost=lambda l, why: calls.append((l, why)))
     r.set("victim", "someone-else")
-    assert lk.lost.wait(0.1 + 1.0), "the loss was not signalled within ttl/3 plus a margin"
+    assert lk.lost.wait(1.0 / 3 + 1.0), "the loss was not signalled within ttl/3 plus a margin"
     assert eventually(lambda: calls)
     assert calls == [(lk, "not_held")]
     assert lk.lost_reason == "not_held"
@@ -186,7 +190,9 @@ def test_four_processes_keep_a_non_atomic_counter_exact(server):
 
 
 def test_fork_while_held_leaves_the_parents_lock_alone(client, r):
-    lk = client.acquire("forked", ttl=0.5, wait=0)
+    # A 1.5 s lease: after a fork the parent's threads fault in the pages they write (copy on
+    # write), which can hold up a renewal of a shorter lease past its end.
+    lk = client.acquire("forked", ttl=1.5, wait=0)
     evalsha_before = r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     pid = os.fork()
     if pid == 0:  # the child: must neither renew nor release the parent's lock
@@ -204,7 +210,7 @@ def test_fork_while_held_leaves_the_parents_lock_alone(client, r):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert r.get("forked") == lk.token, "the child released the parent's lock"
-    time.sleep(1.0)  # two ttls: the parent's renewal keeps it alive
+    time.sleep(3.0)  # two ttls: the parent's renewal keeps it alive
     assert lk.held
     assert r.get("forked") == lk.token
     calls = r.info("commandstats")["cmdstat_evalsha"]["calls"]
@@ -242,16 +248,22 @@ def test_a_blocking_acquire_lets_other_threads_run(client):
 
     def ticker():
         while not stop.is_set():
-            ticks.append(1)
+            ticks.append(time.monotonic())
             time.sleep(0.001)
 
     t = threading.Thread(target=ticker)
     t.start()
+    began = time.monotonic()
     with pytest.raises(LockBusyError):
         client.acquire("gil", wait=0.5)
+    ended = time.monotonic()
     stop.set()
     t.join()
-    assert len(ticks) > 50, "the GIL was held during the blocking call"
+    # Ticks well inside the blocking call (not at its edges, where the GIL changes hands in
+    # Python code). Were the GIL held during the call, the ticker could run only in the
+    # library's interrupt callback (every 200 ms on the main thread): a tick or two.
+    inside = [at for at in ticks if began + 0.05 < at < ended - 0.05]
+    assert len(inside) >= 10, f"the GIL was held during the blocking call ({len(inside)} ticks)"
     holder.release()
 
 

@@ -73,8 +73,11 @@ def test_a_renewal_failure_reaches_the_redlease_logger_as_a_warning(server, coll
     """The server stops answering (SIGSTOP): each failed renewal is a WARNING record of the
     ``redlease`` logger, logged from the lock's renewal thread."""
     redlease.set_log_level(logging.WARNING)
-    client = redlease.Client(server.url, io_timeout=0.1, connect_timeout=0.2)
-    lk = client.acquire("log:paused", ttl=0.6, wait=0)
+    # Timeouts short enough for a renewal to fail well within the lease (the first, at 1 s,
+    # times out at 1.5 s; the lock is lost at 3 s), and long enough for the acquire itself
+    # on a loaded host.
+    client = redlease.Client(server.url, io_timeout=0.5, connect_timeout=1.0)
+    lk = client.acquire("log:paused", ttl=3.0, wait=0)
     os.kill(server.proc.pid, signal.SIGSTOP)
     try:
         warned = eventually(lambda: collect.matching(logging.WARNING, "log:paused", "failed"))
