@@ -1096,9 +1096,23 @@ fn a_writer_waiting_under_faults_is_not_starved_by_a_stream_of_readers() {
         .acquire_timeout(Duration::from_secs(6));
     let waited = started.elapsed();
     let readers_inside = inside.load(Ordering::SeqCst);
-    let held = writer.map(|w| w.is_held());
+    let held = writer
+        .as_ref()
+        .map(|w| w.is_held())
+        .map_err(|e| e.to_string());
     stop.store(true, Ordering::SeqCst);
     faults.join().unwrap();
+    // Given back only now: a release sent into the fault thread's blackhole (the writer
+    // may get in before it begins) fails, honestly, and the readers would wait out the
+    // write hold's ttl. Should the release still fail, the hold is cleared by hand: this
+    // test is about getting in, not about giving back.
+    if let Ok(w) = writer {
+        let name = w.key().to_owned();
+        if let Err(e) = w.release() {
+            eprintln!("the writer's release failed ({e}); clearing its hold");
+            server.cmd::<i64>(&["DEL", &name]);
+        }
+    }
     for r in readers {
         r.join().unwrap();
     }
