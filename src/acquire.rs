@@ -110,6 +110,8 @@ impl Acquire<'_> {
         let mut registered = false;
         let mut plain_next = true;
         let mut failing_since: Option<Instant> = None;
+        let mut refused_since: Option<Instant> = None;
+        let mut warned = false;
         let mut pttl = -1;
         loop {
             let waits = self.wait != Wait::No;
@@ -172,6 +174,7 @@ impl Acquire<'_> {
                 }
                 Ok(Attempt::Busy(holder_pttl)) => {
                     failing_since = None;
+                    refused_since = None;
                     registered = true;
                     pttl = holder_pttl;
                 }
@@ -181,6 +184,36 @@ impl Acquire<'_> {
                 // A connection reset, a restart, a timeout: a waiter tries again (on a
                 // fresh connection, which also takes a grant popped on the dead one) for
                 // as long as the failures last less than its grace.
+                // A Cluster slot that is moving or unsettled, a cluster down, a replica
+                // promoted: the server refused without running anything, and a waiter
+                // tries again for as long as it may wait.
+                Err(e) if e.refused_for_now() && waits && !was_last => {
+                    let now = Instant::now();
+                    if cutoff.is_some_and(|c| now >= c) {
+                        return Err(self.give_up_by(e, registered, None, cutoff));
+                    }
+                    let since = *refused_since.get_or_insert(now);
+                    if now.duration_since(since) > grace && !warned {
+                        warned = true;
+                        log::warn!(
+                            "waiting for {:?}: {e} for {:?}; the wait goes on",
+                            self.keys.lock,
+                            now.duration_since(since)
+                        );
+                    } else {
+                        log::debug!("waiting for {:?}: {e}; trying again", self.keys.lock);
+                    }
+                    let pause = RECOVERY_PAUSE.min(self.wait.left(now).unwrap_or(RECOVERY_PAUSE));
+                    if let Err(cancel) = connection::pause(pause, &self.watch) {
+                        return Err(self.give_up_by(
+                            cancel,
+                            registered,
+                            Some(QUICK_WITHDRAW),
+                            cutoff,
+                        ));
+                    }
+                    plain_next = true;
+                }
                 Err(e) if e.is_unreachable() && waits && !was_last => {
                     let now = Instant::now();
                     let since = *failing_since.get_or_insert(now);

@@ -152,13 +152,20 @@ impl Connector {
     }
 }
 
-/// Converts a server's error reply into an [`ErrorKind::Server`] error.
+/// Converts a server's error reply into an [`ErrorKind::Server`] error (marked
+/// [`Error::refused_for_now`] for a refusal that passes).
 pub(crate) fn server_error(e: &redis::ServerError) -> Error {
     let text = match e.details() {
         Some(details) => format!("{} {details}", e.code()),
         None => e.code().to_owned(),
     };
-    Error::new(ErrorKind::Server, text.clone()).with_source(ServerReply(text))
+    let error = Error::new(ErrorKind::Server, text.clone()).with_source(ServerReply(text));
+    match e.code() {
+        // (`READONLY` is not among them: the Sentinel and Cluster backends find the new
+        // primary themselves, and a single server that is a replica stays one.)
+        "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" => error.refused(),
+        _ => error,
+    }
 }
 
 /// Resolves `host` within `deadline`. An IP address needs no lookup; a name is looked up on

@@ -70,6 +70,9 @@ pub struct Error {
     kind: ErrorKind,
     message: String,
     outcome_unknown: bool,
+    /// The server refused the request for now, without running it (see
+    /// [`Error::refused_for_now`]).
+    refused_for_now: bool,
     source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
@@ -83,6 +86,7 @@ impl Error {
             kind,
             message: message.into(),
             outcome_unknown: false,
+            refused_for_now: false,
             source: None,
         }
     }
@@ -104,6 +108,20 @@ impl Error {
     pub(crate) fn sent(mut self) -> Self {
         self.outcome_unknown = true;
         self
+    }
+
+    /// Marks a refusal that a later try may not get: a Cluster slot moving or unsettled,
+    /// a cluster or primary down, a server loading its data.
+    pub(crate) fn refused(mut self) -> Self {
+        self.refused_for_now = true;
+        self
+    }
+
+    /// True when the server refused the request without running it, for a reason that
+    /// passes (a Cluster slot moving, the cluster down, a replica promoted, data loading):
+    /// a waiter tries again while it may wait.
+    pub(crate) fn refused_for_now(&self) -> bool {
+        self.refused_for_now
     }
 
     /// The kind, to match on.

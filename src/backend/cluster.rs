@@ -89,6 +89,7 @@ impl Cluster {
         let mut from = 0;
         let mut ask: Option<Arc<Node>> = None;
         let mut attempt = 0;
+        let mut unreachable = 0;
         let mut hops = 0;
         loop {
             attempt += 1;
@@ -107,9 +108,9 @@ impl Cluster {
                     .flat_map(|call| [asking.clone(), call.evaluated()])
                     .collect();
                 node.exec(&with_asking, how).map(|r| {
-                    r.map(|mut r| {
-                        r.values = r.values.into_iter().skip(1).step_by(2).collect();
-                        r
+                    r.map(|r| Replies {
+                        values: without_asking(r.values),
+                        sent_at: r.sent_at,
                     })
                 })
             } else {
@@ -120,11 +121,17 @@ impl Cluster {
                 Ok(Some(replies)) => replies,
                 Err(e) if e.is_unreachable() => {
                     self.write().stale = true;
-                    if e.outcome_unknown() || attempt >= MAX_ATTEMPTS || Instant::now() >= deadline
+                    unreachable += 1;
+                    if e.outcome_unknown()
+                        || unreachable >= MAX_ATTEMPTS
+                        || Instant::now() >= deadline
                     {
                         return Err(e);
                     }
                     back_off(attempt, deadline);
+                    if Instant::now() >= deadline {
+                        return Err(e);
+                    }
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -163,6 +170,10 @@ impl Cluster {
                     hops = 0;
                     self.write().stale = true;
                     back_off(attempt, deadline);
+                    // Nothing is sent past the deadline: the refusal is the outcome.
+                    if Instant::now() >= deadline {
+                        return Ok(Some(merged));
+                    }
                 }
             }
             from += i;
@@ -322,10 +333,52 @@ impl Cluster {
     }
 }
 
+/// The replies of `[ASKING, call, ASKING, call, ...]`, one per call. A refused `ASKING` (an
+/// ACL without `+asking`) stands for its call when that call failed too: the call went
+/// without it, and the refusal is the reason.
+fn without_asking(values: Vec<Value>) -> Vec<Value> {
+    let mut values = values.into_iter();
+    let mut replies = Vec::with_capacity(values.len() / 2);
+    while let (Some(asking), Some(reply)) = (values.next(), values.next()) {
+        let refused = matches!(asking, Value::ServerError(_));
+        replies.push(match reply {
+            Value::ServerError(_) if refused => asking,
+            reply => reply,
+        });
+    }
+    replies
+}
+
 /// The node at `addr`, made on first use.
 fn node_at(map: &mut SlotMap, factory: &NodeFactory, addr: &Addr) -> Arc<Node> {
     map.nodes
         .entry(addr.clone())
         .or_insert_with(|| factory.node(addr))
         .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(text: &str) -> Value {
+        redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_refused_asking_stands_for_its_call_only_when_the_call_failed_too() {
+        let ok = || Value::Okay;
+        let replies = without_asking(vec![
+            ok(),
+            Value::Int(1),
+            error("NOPERM no asking"),
+            error("MOVED 1 127.0.0.1:7000"),
+            error("NOPERM no asking"),
+            Value::Int(2),
+        ]);
+        assert_eq!(replies.len(), 3);
+        assert_eq!(replies[0], Value::Int(1));
+        assert!(matches!(&replies[1], Value::ServerError(e) if e.code() == "NOPERM"));
+        assert_eq!(replies[2], Value::Int(2));
+    }
 }

@@ -326,10 +326,11 @@ impl Backend {
     }
 
     /// Until when a request refused without running (a failover, a moved slot) may be
-    /// tried again: its cutoff, or one connect and one reply from now.
+    /// tried again: one connect and one reply from now, never past its cutoff. (A caller
+    /// that may wait longer, a waiting acquire, tries the request again itself.)
     fn retry_deadline(&self, how: &Exec<'_>) -> Instant {
-        how.cutoff
-            .unwrap_or_else(|| Instant::now() + self.connect_timeout + self.io_timeout)
+        let own = Instant::now() + self.connect_timeout + self.io_timeout;
+        how.cutoff.map_or(own, |cutoff| cutoff.min(own))
     }
 
     /// As [`exec`](Self::exec) on a lane that always gets a connection.
