@@ -257,6 +257,15 @@ impl Acquire<'_> {
         )
     }
 
+    /// Until when a refused attempt in `mode` may be tried again by the backend: a
+    /// waiter's attempts before its last one, until the end of its wait.
+    fn retry_until(&self, mode: u8) -> Option<Instant> {
+        match mode {
+            scripts::MODE_WAITER | scripts::MODE_AFTER_BLOCK => self.wait.deadline(),
+            _ => None,
+        }
+    }
+
     fn attempt_call(&self, mode: u8) -> Call {
         let grace_ms = waiting::grace(self.backend.io_timeout).as_millis() as u64;
         self.kind.attempt(
@@ -307,11 +316,19 @@ impl Acquire<'_> {
         Ok(attempt)
     }
 
-    /// One attempt on its own.
+    /// One attempt on its own. A waiter's may be cancelled, and one before the end of its
+    /// wait tries a refused request again only until then (the last attempt has its own
+    /// bounds).
     fn plain(&self, mode: u8, lane: Lane, cutoff: Option<Instant>) -> Result<Attempt> {
+        let base = self.backend.exec_on(lane);
         let how = Exec {
             cutoff,
-            ..self.backend.exec_on(lane)
+            watch: match self.wait {
+                Wait::No => base.watch,
+                Wait::Until(_) | Wait::Forever => &self.watch,
+            },
+            retry_until: self.retry_until(mode),
+            ..base
         };
         let replies = self
             .backend
@@ -336,6 +353,7 @@ impl Acquire<'_> {
         let how = Exec {
             watch: &self.watch,
             cutoff,
+            retry_until: self.retry_until(mode),
             ..self.backend.exec_on(Lane::Blocking)
         };
         let Some(replies) = self.backend.exec(&self.keys.lock, &calls, &how)? else {

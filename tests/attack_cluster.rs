@@ -280,3 +280,80 @@ fn an_extend_refused_until_the_lease_ends_reports_the_refusal() {
 fn server_del(node: &RedisServer, key: &str) {
     let _: i64 = node.cmd(&["DEL", key]);
 }
+
+/// `acquire_timeout(wait)` refused `CLUSTERDOWN` throughout returns within its documented
+/// bound (`wait` + connect + I/O + 0.25 s). (An attempt started just before the wait ended
+/// was once tried again for a whole connect and I/O timeout, and the last attempt then got
+/// another: up to connect + I/O over.)
+#[test]
+fn a_wait_refused_throughout_ends_within_its_bound() {
+    let cluster = LocalCluster::start(3, 0);
+    let client = quick(&cluster.url());
+    let name = "bounded";
+    let slot = redlease::key_slot(name.as_bytes());
+    client.ping().unwrap();
+    let primary = cluster.primary_of(slot);
+    let other = cluster_down(primary, slot);
+    let mut over = Vec::new();
+    for wait_ms in [1150, 1250, 2300] {
+        let wait = Duration::from_millis(wait_ms);
+        let started = Instant::now();
+        let err = client.lock(name).acquire_timeout(wait).unwrap_err();
+        let took = started.elapsed();
+        // connect + I/O of 0.5 s each, then 0.25 s; and a little for a loaded host.
+        let bound = wait + Duration::from_millis(1250 + 300);
+        if took > bound || err.outcome_unknown() {
+            over.push(format!("wait {wait:?}: {took:?} ({err})"));
+        }
+    }
+    cluster_up(primary, &other);
+    assert!(over.is_empty(), "{over:?}");
+}
+
+/// A cancel, or an interrupt hook asking to stop, ends a wait refused `CLUSTERDOWN` at
+/// once. (The pauses between the backend's tries once slept through it: up to a connect
+/// and an I/O timeout, 4 s here.)
+#[test]
+fn a_cancel_ends_a_refused_wait_at_once() {
+    let cluster = LocalCluster::start(3, 0);
+    let client = Client::open(&cluster.url()).unwrap();
+    let name = "cancelled";
+    let slot = redlease::key_slot(name.as_bytes());
+    client.ping().unwrap();
+    let primary = cluster.primary_of(slot);
+    let other = cluster_down(primary, slot);
+    let token = redlease::CancelToken::new();
+    let waiter = {
+        let (client, token) = (client.clone(), token.clone());
+        std::thread::spawn(move || {
+            let result = client.lock(name).cancel_token(&token).acquire();
+            (result.map(drop), Instant::now())
+        })
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let hooked = {
+        let (client, stop) = (client.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let result = client
+                .lock(name)
+                .on_interrupt(move || stop.load(Ordering::SeqCst))
+                .acquire();
+            (result.map(drop), Instant::now())
+        })
+    };
+    // Both are in the backend's tries by now.
+    std::thread::sleep(Duration::from_millis(1500));
+    let cancelled_at = Instant::now();
+    token.cancel();
+    stop.store(true, Ordering::SeqCst);
+    let results = within(Duration::from_secs(10), move || {
+        [waiter.join().unwrap(), hooked.join().unwrap()]
+    });
+    cluster_up(primary, &other);
+    for (result, returned) in results {
+        let err = result.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+        let took = returned.saturating_duration_since(cancelled_at);
+        assert!(took < Duration::from_millis(500) + SLACK, "{took:?}");
+    }
+}

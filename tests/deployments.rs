@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions, ErrorKind};
 use support::deploy::{LocalCluster, SentinelDeployment};
+use support::proxy::Proxy;
 use support::{RedisServer, eventually, within};
 
 fn quick(url: &str) -> Client {
@@ -438,4 +439,31 @@ fn min_replicas_prevents_a_double_grant_after_a_failover() {
         acknowledged > 0 && reported > 0,
         "{acknowledged} acknowledged, {reported} reported"
     );
+}
+
+/// Sentinel: Sentinels that do not answer, listed first, cost their timeouts, and the one
+/// that answers is still asked within the call's bounds. (The Sentinel client once shared
+/// the Cluster's retry window of one connect and one I/O timeout, which two silent
+/// Sentinels used up: every call failed though a Sentinel and the primary were healthy.)
+#[test]
+fn silent_sentinels_listed_first_do_not_hide_the_one_that_answers() {
+    let deployment = SentinelDeployment::start(0, 1, 5000);
+    let sentinel = &deployment.sentinels[0];
+    let silent: Vec<Proxy> = (0..2).map(|_| Proxy::start(sentinel.port)).collect();
+    for proxy in &silent {
+        proxy.blackhole(true);
+    }
+    let url = format!(
+        "redis+sentinel://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}/{}",
+        silent[0].port(),
+        silent[1].port(),
+        sentinel.port,
+        deployment.master
+    );
+    let options = ClientOptions::default()
+        .io_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(1));
+    let client = Client::with_options(&url, options).unwrap();
+    let guard = client.lock("found").try_acquire().unwrap();
+    guard.release().unwrap();
 }

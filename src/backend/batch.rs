@@ -231,6 +231,7 @@ fn run_batch(node: &Node, items: Vec<Item>, io: Duration) {
         io,
         cutoff,
         watch: &watch,
+        retry_until: None,
     };
     let attempt_at = Instant::now();
     let result = node

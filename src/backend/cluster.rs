@@ -128,7 +128,7 @@ impl Cluster {
                     {
                         return Err(e);
                     }
-                    back_off(attempt, deadline);
+                    back_off(attempt, deadline, how.watch)?;
                     if Instant::now() >= deadline {
                         return Err(e);
                     }
@@ -169,7 +169,7 @@ impl Cluster {
                     // a migration is no ping-pong.
                     hops = 0;
                     self.write().stale = true;
-                    back_off(attempt, deadline);
+                    back_off(attempt, deadline, how.watch)?;
                     // Nothing is sent past the deadline: the refusal is the outcome.
                     if Instant::now() >= deadline {
                         return Ok(Some(merged));
@@ -279,6 +279,7 @@ impl Cluster {
             io: self.io_timeout,
             cutoff: Some(deadline),
             watch: &Watch::none(),
+            retry_until: None,
         };
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");

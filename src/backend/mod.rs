@@ -192,8 +192,11 @@ pub(crate) struct Exec<'a> {
     pub io: Duration,
     /// Nothing (connecting, writing, reading) runs past this instant.
     pub cutoff: Option<Instant>,
-    /// What may cancel the wait for the replies.
+    /// What may cancel the wait for the replies, and the pauses between tries.
     pub watch: &'a Watch,
+    /// No refused request is tried again after this instant (a waiter's attempt before
+    /// the end of its wait: the wait's deadline), on top of the usual window.
+    pub retry_until: Option<Instant>,
 }
 
 /// The replies of a request, and when it was written: the server ran it after `sent_at`,
@@ -316,7 +319,9 @@ impl Backend {
     pub fn exec(&self, key: &str, calls: &[Call], how: &Exec<'_>) -> Result<Option<Replies>> {
         match &self.deployment {
             Deployment::Single(node) => node.exec(calls, how),
-            Deployment::Sentinel(sentinel) => sentinel.exec(calls, how, self.retry_deadline(how)),
+            Deployment::Sentinel(sentinel) => {
+                sentinel.exec(calls, how, self.discovery_deadline(how))
+            }
             Deployment::Cluster(cluster) => cluster.exec(key, calls, how, self.retry_deadline(how)),
             Deployment::Redlock(_) => Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -330,7 +335,20 @@ impl Backend {
     /// that may wait longer, a waiting acquire, tries the request again itself.)
     fn retry_deadline(&self, how: &Exec<'_>) -> Instant {
         let own = Instant::now() + self.connect_timeout + self.io_timeout;
-        how.cutoff.map_or(own, |cutoff| cutoff.min(own))
+        [how.cutoff, how.retry_until]
+            .into_iter()
+            .flatten()
+            .fold(own, Instant::min)
+    }
+
+    /// Until when a Sentinel client may look for the primary and try it (at most four
+    /// times): the whole cutoff, for Sentinels that do not answer may come first in the
+    /// list, or one connect and one reply from now; never past `retry_until`.
+    fn discovery_deadline(&self, how: &Exec<'_>) -> Instant {
+        let own = how
+            .cutoff
+            .unwrap_or_else(|| Instant::now() + self.connect_timeout + self.io_timeout);
+        how.retry_until.map_or(own, |until| own.min(until))
     }
 
     /// As [`exec`](Self::exec) on a lane that always gets a connection.
@@ -420,6 +438,7 @@ impl Backend {
             io: self.io_timeout,
             cutoff: None,
             watch: &NONE,
+            retry_until: None,
         }
     }
 
@@ -489,10 +508,11 @@ pub(crate) fn splice(mut replies: Replies, from: usize, more: Replies) -> Replie
 }
 
 /// Sleeps a little before trying a node that said "not now", never past `deadline`.
-pub(crate) fn back_off(attempt: u32, deadline: Instant) {
+/// Errors: [`ErrorKind::Cancelled`] when `watch` ends the pause (nothing is in flight).
+pub(crate) fn back_off(attempt: u32, deadline: Instant, watch: &Watch) -> Result<()> {
     let wait = Duration::from_millis(20 << attempt.min(4));
     let left = deadline.saturating_duration_since(Instant::now());
-    std::thread::sleep(wait.min(left));
+    crate::connection::pause(wait.min(left), watch)
 }
 
 /// Writes `calls` in one request on `conn` and reads their replies; resends from the first

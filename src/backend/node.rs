@@ -139,6 +139,7 @@ pub(crate) fn check_eviction_policy(conn: &mut Connection, describe: &str, how: 
         io: how.io,
         cutoff: how.cutoff,
         watch: &Watch::none(),
+        retry_until: None,
     };
     let Ok(replies) = run_calls(conn, &[Call::cmd(&cmd)], &probe) else {
         return;

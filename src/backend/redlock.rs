@@ -53,6 +53,7 @@ impl Redlock {
             io: deadline.saturating_duration_since(Instant::now()),
             cutoff: Some(deadline),
             watch: &watch,
+            retry_until: None,
         };
         let nodes: Vec<Result<Arc<Node>>> = self
             .members

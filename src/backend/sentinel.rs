@@ -107,7 +107,7 @@ impl Sentinel {
                         self.master
                     );
                     self.forget(&node);
-                    back_off(attempt, deadline);
+                    back_off(attempt, deadline, how.watch)?;
                     from += i;
                     done = Some(merged);
                 }
@@ -226,6 +226,7 @@ impl Sentinel {
             io: self.io_timeout,
             cutoff: Some(deadline),
             watch: &Watch::none(),
+            retry_until: None,
         };
         let replies = run_calls(&mut conn, &[Call::cmd(cmd)], &how)?;
         Ok(replies.values.into_iter().next().unwrap_or(Value::Nil))
