@@ -192,6 +192,8 @@ impl Acquire<'_> {
                     if cutoff.is_some_and(|c| now >= c) {
                         return Err(self.give_up_by(e, registered, None, cutoff));
                     }
+                    // Refused, so reachable: unreachable spells are counted afresh.
+                    failing_since = None;
                     let since = *refused_since.get_or_insert(now);
                     if now.duration_since(since) > grace && !warned {
                         warned = true;

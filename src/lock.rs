@@ -157,7 +157,7 @@ impl<'a> LockBuilder<'a> {
     /// [`ErrorKind::Cancelled`]; [`ErrorKind::InvalidArgument`] when `wait` overflows the
     /// clock. Failures to reach Redis end the wait once they last longer than the I/O
     /// timeout plus 0.5 s; a refusal that passes (a Cluster slot migrating, `CLUSTERDOWN`,
-    /// `LOADING`) is tried again until the wait ends.
+    /// `LOADING`, `MASTERDOWN`) is tried again until the wait ends.
     pub fn acquire_timeout(self, wait: Duration) -> Result<LockGuard> {
         let wait = Wait::up_to(wait)?;
         self.acquire_with(wait)
@@ -166,7 +166,7 @@ impl<'a> LockBuilder<'a> {
     /// Waits as long as it takes. Blocks the calling thread; returns early only on an error
     /// (for example when Redis cannot be reached for longer than the I/O timeout plus
     /// 0.5 s) or a cancellation. Refusals that pass (a Cluster slot migrating,
-    /// `CLUSTERDOWN`, `LOADING`) are waited out.
+    /// `CLUSTERDOWN`, `LOADING`, `MASTERDOWN`) are waited out.
     pub fn acquire(self) -> Result<LockGuard> {
         self.acquire_with(Wait::Forever)
     }
