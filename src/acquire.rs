@@ -181,11 +181,8 @@ impl Acquire<'_> {
                 Err(e) if e.is_cancelled() => {
                     return Err(self.give_up_by(e, registered, Some(QUICK_WITHDRAW), cutoff));
                 }
-                // A connection reset, a restart, a timeout: a waiter tries again (on a
-                // fresh connection, which also takes a grant popped on the dead one) for
-                // as long as the failures last less than its grace.
-                // A Cluster slot that is moving or unsettled, a cluster down, a replica
-                // promoted: the server refused without running anything, and a waiter
+                // A Cluster slot that is moving or unsettled, a cluster down, data still
+                // loading: the server refused without running anything, and a waiter
                 // tries again for as long as it may wait.
                 Err(e) if e.refused_for_now() && waits && !was_last => {
                     let now = Instant::now();
@@ -216,6 +213,9 @@ impl Acquire<'_> {
                     }
                     plain_next = true;
                 }
+                // A connection reset, a restart, a timeout: a waiter tries again (on a
+                // fresh connection, which also takes a grant popped on the dead one) for
+                // as long as the failures last less than its grace.
                 Err(e) if e.is_unreachable() && waits && !was_last => {
                     let now = Instant::now();
                     let since = *failing_since.get_or_insert(now);
