@@ -118,8 +118,8 @@ impl Error {
     }
 
     /// True when the server refused the request without running it, for a reason that
-    /// passes (a Cluster slot moving, the cluster down, data loading, a replica without its primary):
-    /// a waiter tries again while it may wait.
+    /// passes (a Cluster slot moving, the cluster down, data loading, a replica without
+    /// its primary): a waiter tries again while it may wait.
     pub(crate) fn refused_for_now(&self) -> bool {
         self.refused_for_now
     }
