@@ -51,7 +51,8 @@ fn adversarial_names(n: usize) -> Vec<String> {
 /// name.
 #[test]
 fn a_cluster_serves_many_names_from_many_threads_without_overlap() {
-    let cluster = LocalCluster::start(3, 1);
+    // Not a failover test: nodes slow to time each other out.
+    let cluster = LocalCluster::start_with_node_timeout(3, 1, 10_000);
     let client = Client::open(&cluster.url()).unwrap();
     let names = Arc::new(adversarial_names(1000));
     let counters: Arc<Vec<Mutex<(u64, u64)>>> =

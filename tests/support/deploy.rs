@@ -18,7 +18,22 @@ fn cli() -> String {
 }
 
 impl LocalCluster {
+    /// A cluster whose nodes time each other out after 1 s: quick failovers, and a quick
+    /// return to `cluster_state:ok`.
     pub fn start(primaries: usize, replicas: usize) -> Self {
+        Self::start_with_node_timeout(primaries, replicas, 1000)
+    }
+
+    /// A cluster whose nodes time each other out after `node_timeout_ms`. A test with
+    /// replicas that is not about failovers wants several seconds: on a loaded host a
+    /// stall of a second makes the nodes fail each other over, and a lock whose key had not
+    /// reached the promoted replica is lost.
+    pub fn start_with_node_timeout(
+        primaries: usize,
+        replicas: usize,
+        node_timeout_ms: u64,
+    ) -> Self {
+        let node_timeout = node_timeout_ms.to_string();
         let mut nodes = Vec::new();
         for _ in 0..primaries * (1 + replicas) {
             // The cluster config file is relative to the node's own directory.
@@ -28,7 +43,7 @@ impl LocalCluster {
                 "--cluster-config-file",
                 "nodes.conf",
                 "--cluster-node-timeout",
-                "1000",
+                &node_timeout,
                 "--cluster-replica-validity-factor",
                 "0",
             ]));
