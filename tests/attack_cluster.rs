@@ -44,44 +44,6 @@ fn cluster_up(node: &RedisServer, other: &str) {
     }));
 }
 
-/// Starts moving `slot` from its primary to another (IMPORTING, MIGRATING); returns the
-/// source, the target and the target's id.
-fn start_migrating(cluster: &LocalCluster, slot: u16) -> (&RedisServer, &RedisServer, String) {
-    let source = cluster.primary_of(slot);
-    let target = cluster
-        .nodes
-        .iter()
-        .find(|n| n.port != source.port)
-        .unwrap();
-    let (source_id, target_id) = (LocalCluster::id(source), LocalCluster::id(target));
-    let slot = slot.to_string();
-    target.cmd::<()>(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
-    source.cmd::<()>(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
-    (source, target, target_id)
-}
-
-/// Moves the keys of `slot` from `source` to `target`.
-fn migrate_keys(source: &RedisServer, target: &RedisServer, slot: u16) {
-    let keys: Vec<String> = source.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]);
-    assert!(!keys.is_empty());
-    let mut migrate = redis::cmd("MIGRATE");
-    migrate
-        .arg("127.0.0.1")
-        .arg(target.port)
-        .arg("")
-        .arg(0)
-        .arg(5000)
-        .arg("KEYS")
-        .arg(&keys);
-    let _: () = migrate.query(&mut source.conn()).unwrap();
-}
-
-fn finish_migrating(cluster: &LocalCluster, slot: u16, target_id: &str) {
-    for node in &cluster.nodes {
-        node.cmd::<()>(&["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", target_id]);
-    }
-}
-
 /// An `extend()` refused `CLUSTERDOWN` throughout returns within its documented bound (one
 /// connect and one I/O timeout) with the refusal, and the lock is still held. (It once
 /// tried again until the lease's local deadline, 10 s here, holding the renewal gate, and
@@ -156,8 +118,8 @@ fn waiting_acquires_wait_out_a_long_migration() {
     let slot = redlease::key_slot(base.as_bytes());
     // A key of the slot, so that the source answers TRYAGAIN or ASK, not a plain grant.
     let held = client.lock(base).try_acquire().unwrap();
-    let (source, target, target_id) = start_migrating(&cluster, slot);
-    migrate_keys(source, target, slot);
+    let (source, target) = cluster.start_migrating(slot);
+    LocalCluster::migrate_keys(source, target, slot);
     let waiter = |name: String, timeout: Option<Duration>| {
         let client = client.clone();
         std::thread::spawn(move || {
@@ -180,7 +142,7 @@ fn waiting_acquires_wait_out_a_long_migration() {
         !timed.is_finished(),
         "acquire_timeout ended during the migration"
     );
-    finish_migrating(&cluster, slot, &target_id);
+    cluster.finish_migrating(slot, target);
     within(Duration::from_secs(10), move || {
         forever.join().unwrap().unwrap().unwrap();
         timed.join().unwrap().unwrap().unwrap();
@@ -226,16 +188,16 @@ fn the_least_privilege_user_keeps_a_lock_across_a_migration() {
             .unwrap()
     };
     let slot = redlease::key_slot(guard.key().as_bytes());
-    let (source, target, target_id) = start_migrating(&cluster, slot);
+    let (source, target) = cluster.start_migrating(slot);
     target.cmd::<()>(&["SCRIPT", "FLUSH"]);
-    migrate_keys(source, target, slot);
+    LocalCluster::migrate_keys(source, target, slot);
     // Two renewals ran on the target by ASK, as the locker user: longer than the lease
     // would last without them.
     let scripts = || target.calls("evalsha") + target.calls("eval");
     let before = scripts();
     let renewed = eventually(Duration::from_secs(10), || scripts() >= before + 2);
     let refused: String = target.cmd(&["INFO", "errorstats"]);
-    finish_migrating(&cluster, slot, &target_id);
+    cluster.finish_migrating(slot, target);
     assert!(renewed, "no renewals ran on the target: {refused}");
     assert!(!refused.contains("NOPERM"), "{refused}");
     assert!(guard.is_held() && !lost.load(Ordering::SeqCst));

@@ -236,35 +236,16 @@ fn a_held_lock_survives_the_migration_of_its_slot() {
             .acquire()
             .unwrap()
     };
-    let source = cluster.primary_of(slot);
-    let target = cluster
-        .nodes
-        .iter()
-        .find(|n| n.port != source.port)
-        .unwrap();
-    let (source_id, target_id) = (LocalCluster::id(source), LocalCluster::id(target));
-    let slot_text = slot.to_string();
-    target.cmd::<()>(&["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &source_id]);
-    source.cmd::<()>(&["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &target_id]);
+    let (source, target) = cluster.start_migrating(slot);
     // Renewal runs across the migration (every second): on the source while the key is
     // there,
     assert!(
         grows(&|| scripts(source), 1),
         "no renewal on the source while migrating"
     );
-    let keys: Vec<String> = source.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_text, "100"]);
-    assert!(keys.contains(&name.to_owned()), "{keys:?}");
-    let mut migrate = redis::cmd("MIGRATE");
-    migrate
-        .arg("127.0.0.1")
-        .arg(target.port)
-        .arg("")
-        .arg(0)
-        .arg(5000)
-        .arg("KEYS")
-        .arg(&keys);
     target.cmd::<()>(&["SCRIPT", "FLUSH"]);
-    let _: () = migrate.query(&mut source.conn()).unwrap();
+    let keys = LocalCluster::migrate_keys(source, target, slot);
+    assert!(keys.contains(&name.to_owned()), "{keys:?}");
     // on the target by ASK once the key moved, though its script cache was empty,
     assert!(
         grows(&|| scripts(target), 1),
@@ -290,9 +271,7 @@ fn a_held_lock_survives_the_migration_of_its_slot() {
         "the new lock's acquire was never refused TRYAGAIN"
     );
     std::thread::sleep(Duration::from_millis(1500));
-    for node in &cluster.nodes {
-        node.cmd::<()>(&["CLUSTER", "SETSLOT", &slot_text, "NODE", &target_id]);
-    }
+    cluster.finish_migrating(slot, target);
     let fresh = within(Duration::from_secs(10), move || taker.join().unwrap())
         .expect("the acquire did not wait for the slot to settle");
     let fresh_key = fresh.key().to_owned();

@@ -127,6 +127,47 @@ impl LocalCluster {
         panic!("no primary for slot {slot}");
     }
 
+    /// Starts moving `slot` from its primary to another primary (IMPORTING on the target,
+    /// then MIGRATING on the source); returns the source and the target.
+    pub fn start_migrating(&self, slot: u16) -> (&RedisServer, &RedisServer) {
+        let source = self.primary_of(slot);
+        let target = self
+            .nodes
+            .iter()
+            .find(|n| n.port != source.port)
+            .expect("another primary");
+        let (source_id, target_id) = (Self::id(source), Self::id(target));
+        let slot = slot.to_string();
+        target.cmd::<()>(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
+        source.cmd::<()>(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
+        (source, target)
+    }
+
+    /// Moves the keys of `slot` from `source` to `target` (`MIGRATE`); returns them.
+    pub fn migrate_keys(source: &RedisServer, target: &RedisServer, slot: u16) -> Vec<String> {
+        let keys: Vec<String> = source.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]);
+        assert!(!keys.is_empty(), "no keys in slot {slot}");
+        let mut migrate = redis::cmd("MIGRATE");
+        migrate
+            .arg("127.0.0.1")
+            .arg(target.port)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(&keys);
+        let _: () = migrate.query(&mut source.conn()).expect("MIGRATE");
+        keys
+    }
+
+    /// Ends the migration of `slot`: every node assigns it to `target`.
+    pub fn finish_migrating(&self, slot: u16, target: &RedisServer) {
+        let target_id = Self::id(target);
+        for node in &self.nodes {
+            node.cmd::<()>(&["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &target_id]);
+        }
+    }
+
     /// A replica of the node `primary` (by `CLUSTER REPLICAS`).
     pub fn replica_of(&self, primary: &RedisServer) -> &RedisServer {
         let id: String = primary.cmd(&["CLUSTER", "MYID"]);
