@@ -2,151 +2,20 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
+use crate::backend::Backend;
 use crate::backend::node::NodeFactory;
-use crate::backend::{self, Backend, Call};
-use crate::connection;
+use crate::core::acquire::Bounds;
 use crate::error::{Error, Result};
-use crate::keys::{LockKeys, MAX_KEY_LEN, RESERVED_PREFIX};
+use crate::keys::LockKeys;
 use crate::lock::LockBuilder;
+use crate::options::ClientOptions;
+use crate::protocol::LockServer;
+use crate::protocol::quorum::Quorum;
+use crate::protocol::routed::Routed;
+use crate::shared::Shared;
 use crate::tls::TlsSetup;
 use crate::url::{self, Topology};
-
-/// How a [`Client`] connects. Build it with [`ClientOptions::default`] and the setters.
-#[derive(Clone)]
-pub struct ClientOptions {
-    pub(crate) connect_timeout: Duration,
-    pub(crate) io_timeout: Duration,
-    pub(crate) pool_size: usize,
-    pub(crate) pool_wait: Duration,
-    pub(crate) key_prefix: String,
-    pub(crate) owner_label: Option<String>,
-    pub(crate) tls_ca_cert: Option<Vec<u8>>,
-}
-
-impl Default for ClientOptions {
-    /// Connect timeout 2 s, I/O timeout 2 s, 32 pooled connections, wait up to 2 s for a free
-    /// one, no key prefix, owner label `host/pid`, system TLS roots.
-    fn default() -> Self {
-        ClientOptions {
-            connect_timeout: Duration::from_secs(2),
-            io_timeout: Duration::from_secs(2),
-            pool_size: 32,
-            pool_wait: Duration::from_secs(2),
-            key_prefix: String::new(),
-            owner_label: None,
-            tls_ca_cert: None,
-        }
-    }
-}
-
-impl ClientOptions {
-    /// Longest time to make a connection: name lookup, TCP, TLS, `AUTH` and `SELECT`
-    /// together. At least 1 ms, at most a day.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Longest wait for any one reply from Redis. A blocked wait (`BLPOP`) gets its blocking
-    /// time on top of this one. At least 1 ms, at most a day. Also sets the *grace* of a
-    /// waiter's registration and of a lock granted to it: this timeout plus 0.5 s.
-    pub fn io_timeout(mut self, timeout: Duration) -> Self {
-        self.io_timeout = timeout;
-        self
-    }
-
-    /// Connections the calling threads may use at once for requests, and, separately, how
-    /// many waiters may block on the server at once (further waiters sleep between
-    /// attempts). Releases, extends and renewals never wait for one. 1 to 10 000.
-    pub fn pool_size(mut self, size: usize) -> Self {
-        self.pool_size = size;
-        self
-    }
-
-    /// Longest wait for a pooled connection when all are in use (zero: do not wait).
-    pub fn pool_wait(mut self, wait: Duration) -> Self {
-        self.pool_wait = wait;
-        self
-    }
-
-    /// A prefix put before every lock name to form its key (e.g. `"myapp:"`).
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
-    /// A label appended to every token after `:`, so `redis-cli GET key` shows who holds a
-    /// lock. Default: `host/pid`. At most 64 bytes, printable ASCII without spaces.
-    pub fn owner_label(mut self, label: impl Into<String>) -> Self {
-        self.owner_label = Some(label.into());
-        self
-    }
-
-    /// A PEM CA certificate to trust for `rediss://` instead of the system roots.
-    pub fn tls_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_ca_cert = Some(pem.into());
-        self
-    }
-
-    fn validate(&self) -> Result<()> {
-        for (what, d) in [
-            ("connect timeout", self.connect_timeout),
-            ("I/O timeout", self.io_timeout),
-        ] {
-            if d < Duration::from_millis(1) {
-                return Err(Error::invalid(format!(
-                    "the {what} must be at least 1 ms, got {d:?}"
-                )));
-            }
-            if d > MAX_TIMEOUT {
-                return Err(Error::invalid(format!(
-                    "the {what} of {d:?} is over the maximum of {MAX_TIMEOUT:?}"
-                )));
-            }
-        }
-        if self.pool_wait > MAX_TIMEOUT {
-            return Err(Error::invalid("the pool wait is over the maximum of 1 day"));
-        }
-        if self.pool_size == 0 || self.pool_size > 10_000 {
-            return Err(Error::invalid("the pool size must be between 1 and 10000"));
-        }
-        if self.key_prefix.len() >= MAX_KEY_LEN {
-            return Err(Error::invalid("the key prefix is too long"));
-        }
-        if self.key_prefix.starts_with(RESERVED_PREFIX) {
-            return Err(Error::invalid(format!(
-                "the key prefix may not begin with {RESERVED_PREFIX:?} (reserved for companion keys)"
-            )));
-        }
-        if let Some(label) = &self.owner_label {
-            if label.len() > 64 || !label.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(Error::invalid(
-                    "the owner label must be at most 64 bytes of printable ASCII without spaces",
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for ClientOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientOptions")
-            .field("connect_timeout", &self.connect_timeout)
-            .field("io_timeout", &self.io_timeout)
-            .field("pool_size", &self.pool_size)
-            .field("pool_wait", &self.pool_wait)
-            .field("key_prefix", &self.key_prefix)
-            .field("owner_label", &self.owner_label)
-            .field("tls_ca_cert", &self.tls_ca_cert.as_ref().map(|_| "<pem>"))
-            .finish()
-    }
-}
-
-/// Longest accepted timeout.
-const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// A handle to one Redis deployment that hands out locks.
 ///
@@ -156,15 +25,7 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// Connections close when the last clone (and the last lock taken from it) is dropped.
 #[derive(Clone)]
 pub struct Client {
-    pub(crate) inner: Arc<ClientInner>,
-}
-
-pub(crate) struct ClientInner {
-    pub backend: Arc<Backend>,
-    pub options: ClientOptions,
-    pub owner_label: String,
-    /// The reentrant locks this client holds, by token: more holds of one share its lease.
-    pub reentrant: Arc<crate::lock::Reentered>,
+    pub(crate) inner: Arc<Shared>,
 }
 
 impl Client {
@@ -183,7 +44,7 @@ impl Client {
         options.validate()?;
         let target = url::parse(url)?;
         let backend = backend_for(&target, &options)?;
-        Ok(Client::from_backend(backend, options))
+        Ok(Client::from_server(Arc::new(Routed::new(backend)), options))
     }
 
     /// Opens a client whose locks are Redlock locks: each is taken on a majority of the
@@ -220,26 +81,28 @@ impl Client {
             }
             members.push(backend_for(&target, &options)?);
         }
-        let backend = Backend::redlock(
-            members,
-            options.io_timeout,
-            options.pool_wait,
-            options.connect_timeout,
-        );
-        Ok(Client::from_backend(backend, options))
+        let bounds = Bounds {
+            pool_wait: options.pool_wait,
+            connect: options.connect_timeout,
+            io: options.io_timeout,
+        };
+        Ok(Client::from_server(
+            Arc::new(Quorum::new(members, bounds)),
+            options,
+        ))
     }
 
-    fn from_backend(backend: Backend, options: ClientOptions) -> Client {
+    fn from_server(server: Arc<dyn LockServer>, options: ClientOptions) -> Client {
         let owner_label = options
             .owner_label
             .clone()
             .unwrap_or_else(default_owner_label);
         Client {
-            inner: Arc::new(ClientInner {
-                backend: Arc::new(backend),
+            inner: Arc::new(Shared {
+                server,
                 options,
                 owner_label,
-                reentrant: Arc::default(),
+                registry: Arc::default(),
             }),
         }
     }
@@ -259,7 +122,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn lock<'a>(&'a self, name: &'a str) -> LockBuilder<'a> {
-        LockBuilder::new(self, name)
+        LockBuilder::new(&self.inner, name)
     }
 
     /// Starts describing a permit of the counting semaphore `name`, which lets at most
@@ -281,7 +144,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn semaphore<'a>(&'a self, name: &'a str, permits: u32) -> LockBuilder<'a> {
-        LockBuilder::new(self, name).of_kind(crate::kinds::Kind::Permit(permits))
+        LockBuilder::new(&self.inner, name).of_kind(crate::kinds::Kind::Permit(permits))
     }
 
     /// The read-write lock `name`: many readers or one writer. [`RwLock::read`] and
@@ -297,96 +160,24 @@ impl Client {
     /// On a Redlock client: whether a majority of the primaries hold the key.
     pub fn is_locked(&self, name: &str) -> Result<bool> {
         let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
-        let mut cmd = redis::cmd("EXISTS");
-        cmd.arg(&keys.lock);
-        if let Some(members) = self.inner.backend.redlock_members() {
-            let answers = self.on_members(members, &keys.lock, &cmd)?;
-            let held = answers
-                .iter()
-                .filter(|v| **v == redis::Value::Int(1))
-                .count();
-            return Ok(held >= members.quorum());
-        }
-        self.query(&keys.lock, &cmd)
+        self.inner.server.is_locked(&keys)
     }
 
     /// Sends `PING`: a cheap way to check the URL, credentials and reachability up front.
     /// On a Redlock client, a majority of the primaries must answer.
     pub fn ping(&self) -> Result<()> {
-        if let Some(members) = self.inner.backend.redlock_members() {
-            return self.on_members(members, "", &redis::cmd("PING")).map(drop);
-        }
-        self.query::<String>("", &redis::cmd("PING")).map(drop)
-    }
-
-    /// One command on every Redlock member (one round); the answers of those that answered,
-    /// or an error when fewer than a majority did.
-    fn on_members(
-        &self,
-        members: &crate::backend::redlock::Redlock,
-        key: &str,
-        cmd: &redis::Cmd,
-    ) -> Result<Vec<redis::Value>> {
-        let backend = &self.inner.backend;
-        let deadline = std::time::Instant::now() + backend.io_timeout;
-        let round = members.round(
-            key,
-            &[Call::cmd(cmd)],
-            crate::backend::Lane::Urgent,
-            deadline,
-        );
-        let mut answers = Vec::new();
-        let mut failures = Vec::new();
-        for (i, outcome) in round.outcomes.into_iter().enumerate() {
-            match outcome.map(|v| v.into_iter().next()) {
-                Ok(Some(redis::Value::ServerError(e))) => failures.push(format!(
-                    "{}: {}",
-                    members.name(i),
-                    connection::server_error(&e)
-                )),
-                Ok(Some(value)) => answers.push(value),
-                Ok(None) => failures.push(format!("{}: no reply", members.name(i))),
-                Err(e) => failures.push(format!("{}: {e}", members.name(i))),
-            }
-        }
-        if answers.len() >= members.quorum() {
-            Ok(answers)
-        } else {
-            Err(Error::new(
-                crate::ErrorKind::Connection,
-                format!(
-                    "{} of {} primaries answered, {} needed: {}",
-                    answers.len(),
-                    members.members.len(),
-                    members.quorum(),
-                    failures.join("; ")
-                ),
-            ))
-        }
-    }
-
-    /// One command on the caller lane, on the server that owns `key`.
-    fn query<T: redis::FromRedisValue>(&self, key: &str, cmd: &redis::Cmd) -> Result<T> {
-        let backend = &self.inner.backend;
-        let how = backend.exec_on(backend.caller_lane(None));
-        let replies = backend.run(key, &[Call::cmd(cmd)], &how)?;
-        let value = replies
-            .values
-            .into_iter()
-            .next()
-            .unwrap_or(redis::Value::Nil);
-        backend::reply(value)
+        self.inner.server.ping()
     }
 
     /// The URL with any password replaced by `***`.
     pub fn url(&self) -> &str {
-        self.inner.backend.describe()
+        self.inner.server.describe()
     }
 
     /// Closes the idle connections now (in-use ones close when their requests end, and
     /// all of them when the last clone and lock are dropped).
     pub(crate) fn close_idle(&self) {
-        self.inner.backend.close_idle();
+        self.inner.server.close_idle();
     }
 }
 
@@ -440,12 +231,12 @@ pub struct RwLock<'a> {
 impl<'a> RwLock<'a> {
     /// Starts describing a read hold (shared with other readers).
     pub fn read(self) -> LockBuilder<'a> {
-        LockBuilder::new(self.client, self.name).of_kind(crate::kinds::Kind::Read)
+        LockBuilder::new(&self.client.inner, self.name).of_kind(crate::kinds::Kind::Read)
     }
 
     /// Starts describing the write hold (exclusive).
     pub fn write(self) -> LockBuilder<'a> {
-        LockBuilder::new(self.client, self.name).of_kind(crate::kinds::Kind::Write)
+        LockBuilder::new(&self.client.inner, self.name).of_kind(crate::kinds::Kind::Write)
     }
 }
 

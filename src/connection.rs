@@ -24,7 +24,7 @@ use redis::Value;
 use socket2::{SockAddr, Socket, Type};
 
 use crate::cancel::{self, Watch};
-use crate::error::{Error, ErrorKind, Result, ServerReply};
+use crate::error::{Error, ErrorKind, Result};
 use crate::process;
 use crate::tls::{self, TlsSetup};
 use crate::url::{Addr, Login, Tls};
@@ -145,26 +145,10 @@ impl Connector {
         conn.send(&packed, replies, deadline)?;
         for _ in 0..replies {
             if let Value::ServerError(e) = conn.recv(deadline, &Watch::none())? {
-                return Err(server_error(&e));
+                return Err(Error::server(&e));
             }
         }
         Ok(())
-    }
-}
-
-/// Converts a server's error reply into an [`ErrorKind::Server`] error (marked
-/// [`Error::refused_for_now`] for a refusal that passes).
-pub(crate) fn server_error(e: &redis::ServerError) -> Error {
-    let text = match e.details() {
-        Some(details) => format!("{} {details}", e.code()),
-        None => e.code().to_owned(),
-    };
-    let error = Error::new(ErrorKind::Server, text.clone()).with_source(ServerReply(text));
-    match e.code() {
-        // (`READONLY` is not among them: the Sentinel and Cluster backends find the new
-        // primary themselves, and a single server that is a replica stays one.)
-        "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" => error.refused(),
-        _ => error,
     }
 }
 

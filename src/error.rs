@@ -165,6 +165,30 @@ impl Error {
         self.outcome_unknown
     }
 
+    /// A server's error reply as an [`ErrorKind::Server`] error (marked
+    /// [`Error::refused_for_now`] for a refusal that passes), keeping the reply as its cause.
+    pub(crate) fn server(e: &redis::ServerError) -> Error {
+        let text = match e.details() {
+            Some(details) => format!("{} {details}", e.code()),
+            None => e.code().to_owned(),
+        };
+        let error = Error::new(ErrorKind::Server, text.clone()).with_source(ServerReply(text));
+        match e.code() {
+            // (`READONLY` is not among them: the Sentinel and Cluster backends find the new
+            // primary themselves, and a single server that is a replica stays one.)
+            "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" => {
+                error.refused()
+            }
+            _ => error,
+        }
+    }
+
+    /// Appends `more` to the message, keeping the kind.
+    pub(crate) fn with_detail(mut self, more: &str) -> Self {
+        self.message.push_str(more);
+        self
+    }
+
     /// Prefixes the message with what was being done, keeping the kind.
     pub(crate) fn context(mut self, doing: &str) -> Self {
         self.message = format!("{doing}: {}", self.message);
@@ -211,7 +235,7 @@ impl std::error::Error for Error {
 /// An error reply of the server (`-ERR ...`, `-WRONGPASS ...`), kept as the cause of a
 /// [`ErrorKind::Server`] error.
 #[derive(Debug, Clone)]
-pub(crate) struct ServerReply(pub String);
+struct ServerReply(String);
 
 impl fmt::Display for ServerReply {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::backend::{Call, reply};
+use crate::backend::call::Call;
+use crate::backend::exec::Exec;
+use crate::backend::wire::reply;
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{self, LockKeys, RESERVED_PREFIX};
+use crate::lane::Lane;
 use crate::scripts::Lua;
 
 /// What a lock looks like on the server right now.
@@ -78,6 +81,31 @@ return 1
 });
 
 impl Client {
+    /// Runs `calls` on the server that owns `key`, on the caller lane (bounded like
+    /// [`Client::is_locked`]).
+    ///
+    /// Errors: [`ErrorKind::InvalidArgument`] on a deployment without operators' views
+    /// (Redlock).
+    fn run_inspecting(&self, key: &str, calls: &[Call]) -> Result<Value> {
+        let server = self.inspecting()?;
+        let bounds = server.bounds();
+        let lane = Lane::Caller(std::time::Instant::now() + bounds.pool_wait);
+        let replies = server.run(key, calls, &Exec::new(lane, bounds.io))?;
+        Ok(replies.values.into_iter().next().unwrap_or(Value::Nil))
+    }
+
+    /// The lock server, when it offers operators' views.
+    fn inspecting(&self) -> Result<&dyn crate::protocol::LockServer> {
+        let server = self.inner.server.as_ref();
+        if server.capabilities().inspection {
+            Ok(server)
+        } else {
+            Err(Error::invalid(
+                "inspecting and listing locks is not available on a Redlock client",
+            ))
+        }
+    }
+
     /// Who holds the lock `name` now, for how long, its last fencing token and its
     /// waiters. One round trip (bounded like [`Client::is_locked`]).
     pub fn inspect(&self, name: &str) -> Result<LockInfo> {
@@ -86,18 +114,12 @@ impl Client {
     }
 
     fn inspect_keys(&self, keys: &LockKeys) -> Result<LockInfo> {
-        let backend = &self.inner.backend;
         let call = Call::script(
             &INSPECT,
             &[&keys.lock, &keys.fence, &keys.queue, &keys.holds],
             &[],
         );
-        let replies = backend.run(
-            &keys.lock,
-            &[call],
-            &backend.exec_on(backend.caller_lane(None)),
-        )?;
-        let value = replies.values.into_iter().next().unwrap_or(Value::Nil);
+        let value = self.run_inspecting(&keys.lock, &[call])?;
         type Inspected = (
             Option<String>,
             i64,
@@ -124,8 +146,7 @@ impl Client {
     /// redlease (plain `SET NX`) has no counter and is not listed. At most `limit` locks.
     pub fn locks(&self, pattern: &str, limit: usize) -> Result<Vec<LockInfo>> {
         let counters = self
-            .inner
-            .backend
+            .inspecting()?
             .scan(&format!("{RESERVED_PREFIX}fence:*"), usize::MAX)?;
         let mut out = Vec::new();
         'counters: for counter in counters {
@@ -167,14 +188,8 @@ impl Client {
     /// Errors: [`ErrorKind::NotHeld`] when the key no longer holds `holder`.
     pub fn break_lock(&self, name: &str, holder: &str) -> Result<()> {
         let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
-        let backend = &self.inner.backend;
         let call = Call::script(&BREAK, &[&keys.lock, &keys.grant, &keys.holds], &[&holder]);
-        let replies = backend.run(
-            &keys.lock,
-            &[call],
-            &backend.exec_on(backend.caller_lane(None)),
-        )?;
-        let value = replies.values.into_iter().next().unwrap_or(Value::Nil);
+        let value = self.run_inspecting(&keys.lock, &[call])?;
         match reply::<i64>(value)? {
             1 => Ok(()),
             _ => Err(Error::new(
@@ -252,15 +267,8 @@ impl Client {
     /// Connects and reports the server's version, eviction policy and persistence, and the
     /// latency of a few round trips. Each request bounded as [`Client::is_locked`].
     pub fn check(&self) -> Result<ServerCheck> {
-        let backend = &self.inner.backend;
-        let run = |cmd: &redis::Cmd| -> Result<Value> {
-            let replies = backend.run(
-                "",
-                &[Call::cmd(cmd)],
-                &backend.exec_on(backend.caller_lane(None)),
-            )?;
-            Ok(replies.values.into_iter().next().unwrap_or(Value::Nil))
-        };
+        let run =
+            |cmd: &redis::Cmd| -> Result<Value> { self.run_inspecting("", &[Call::cmd(cmd)]) };
         let mut round_trips = Vec::new();
         for _ in 0..5 {
             let started = std::time::Instant::now();

@@ -17,11 +17,11 @@
 //! type differs (string, sorted set, hash), so the other kind's script fails with
 //! `WRONGTYPE` before it writes anything, which [`wrong_kind`] turns into a message.
 
-use crate::backend::Call;
+use crate::backend::call::Call;
+use crate::core::reply::Mode;
 use crate::error::{Error, ErrorKind};
 use crate::keys::LockKeys;
 use crate::scripts;
-use crate::token;
 
 /// A kind of lock (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,15 +40,17 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    /// An attempt to take a hold (`mode` as in [`scripts::ACQUIRE`]).
+    /// An attempt to take a hold under `token` for `ttl_ms`, in `mode`; a waiter's
+    /// registration lives `grace_ms` unrefreshed.
     pub fn attempt(
         &self,
         keys: &LockKeys,
         token: &str,
         ttl_ms: u64,
-        mode: u8,
+        mode: Mode,
         grace_ms: u64,
     ) -> Call {
+        let mode = mode.arg();
         match self {
             Kind::Mutex => Call::script(
                 &scripts::ACQUIRE,
@@ -135,47 +137,43 @@ impl Kind {
     }
 
     /// A token-checked release of a hold (or, with `withdraw`, the withdrawal of a waiter
-    /// that also gives back a hold it may have taken unawares). `min_claim_ms` and
-    /// `grace_ms` bound a mutex's handoff and a wake-up.
+    /// that also gives back a hold it may have taken unawares). A mutex handed to a waiter
+    /// goes under `handoff` (a fresh token) until the waiter takes it; `grace_ms` bounds
+    /// the handoff and a wake-up.
     pub fn release(
         &self,
         keys: &LockKeys,
         token: &str,
-        min_claim_ms: u64,
+        handoff: &str,
         grace_ms: u64,
         withdraw: bool,
     ) -> Call {
         let withdraw = u8::from(withdraw);
+        let min_claim_ms = scripts::MIN_CLAIM_MS.min(grace_ms);
         match self {
-            Kind::Mutex => {
-                let handoff = token::new_token("handoff");
-                Call::script(
-                    &scripts::RELEASE,
-                    &[&keys.lock, &keys.wake, &keys.queue, &keys.grant],
-                    &[&token, &handoff, &min_claim_ms, &grace_ms, &withdraw],
-                )
-            }
-            Kind::Reentrant(owner) => {
-                let handoff = token::new_token("handoff");
-                Call::script(
-                    &scripts::RELEASE,
-                    &[
-                        &keys.lock,
-                        &keys.wake,
-                        &keys.queue,
-                        &keys.grant,
-                        &keys.holds,
-                    ],
-                    &[
-                        &token,
-                        &handoff,
-                        &min_claim_ms,
-                        &grace_ms,
-                        &withdraw,
-                        &owner.as_ref(),
-                    ],
-                )
-            }
+            Kind::Mutex => Call::script(
+                &scripts::RELEASE,
+                &[&keys.lock, &keys.wake, &keys.queue, &keys.grant],
+                &[&token, &handoff, &min_claim_ms, &grace_ms, &withdraw],
+            ),
+            Kind::Reentrant(owner) => Call::script(
+                &scripts::RELEASE,
+                &[
+                    &keys.lock,
+                    &keys.wake,
+                    &keys.queue,
+                    &keys.grant,
+                    &keys.holds,
+                ],
+                &[
+                    &token,
+                    &handoff,
+                    &min_claim_ms,
+                    &grace_ms,
+                    &withdraw,
+                    &owner.as_ref(),
+                ],
+            ),
             Kind::Permit(_) => Call::script(
                 &scripts::RELEASE_PERMIT,
                 &[&keys.lock, &keys.wake, &keys.queue],

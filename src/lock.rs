@@ -1,35 +1,39 @@
 //! Acquiring a lock ([`LockBuilder`]) and holding it ([`LockGuard`]).
 
-use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 
 use crate::acquire::Acquire;
-use crate::backend::{Lane, Replicas};
+use crate::backend::call::Replicas;
 use crate::cancel::{CancelToken, InterruptHook, Watch};
-use crate::client::Client;
+use crate::core::acquire::Acquired;
+use crate::core::backoff::Wait;
+use crate::core::lease::{LeaseClock, LostReason, ttl_millis};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
-use crate::lease::{Extended, Lease, LostCallback, LostReason, ttl_millis};
+use crate::lane::Lane;
+use crate::lease::loss::LostCallback;
+use crate::lease::{Extended, Lease};
+use crate::reentrant::{Held, Registry};
 use crate::renewal::Renewal;
+use crate::shared::Shared;
 use crate::token;
-use crate::waiting::Wait;
 
 /// The ttl used when none is given.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
-/// Describes a lock to acquire; made by [`Client::lock`].
+/// Describes a lock to acquire; made by [`crate::Client::lock`].
 ///
 /// Defaults: ttl [`DEFAULT_TTL`], renewal on, no lost-lock callback, not cancellable but by
 /// [`crate::cancel_all`].
 #[must_use = "a LockBuilder does nothing until one of its acquire methods is called"]
 pub struct LockBuilder<'a> {
-    client: &'a Client,
+    shared: &'a Shared,
     name: &'a str,
     ttl: Duration,
     renew: bool,
@@ -43,9 +47,9 @@ pub struct LockBuilder<'a> {
 }
 
 impl<'a> LockBuilder<'a> {
-    pub(crate) fn new(client: &'a Client, name: &'a str) -> Self {
+    pub(crate) fn new(shared: &'a Shared, name: &'a str) -> Self {
         LockBuilder {
-            client,
+            shared,
             name,
             ttl: DEFAULT_TTL,
             renew: true,
@@ -159,7 +163,7 @@ impl<'a> LockBuilder<'a> {
     /// timeout plus 0.5 s; a refusal that passes (a Cluster slot migrating, `CLUSTERDOWN`,
     /// `LOADING`, `MASTERDOWN`) is tried again until the wait ends.
     pub fn acquire_timeout(self, wait: Duration) -> Result<LockGuard> {
-        let wait = Wait::up_to(wait)?;
+        let wait = Wait::up_to(wait, Instant::now())?;
         self.acquire_with(wait)
     }
 
@@ -172,10 +176,9 @@ impl<'a> LockBuilder<'a> {
     }
 
     pub(crate) fn acquire_with(self, wait: Wait) -> Result<LockGuard> {
-        let inner = &self.client.inner;
+        let shared = self.shared;
         let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
-        let keys = LockKeys::new(&inner.options.key_prefix, self.name)?;
-        let token = token::new_token(&inner.owner_label);
+        let keys = LockKeys::new(&shared.options.key_prefix, self.name)?;
         let replicas = match self.replicas {
             None | Some((0, _)) => None,
             Some((count, timeout)) => {
@@ -192,16 +195,6 @@ impl<'a> LockBuilder<'a> {
         if wait != Wait::No && watch.cancelled() {
             return Err(Error::new(ErrorKind::Cancelled, "the wait was cancelled"));
         }
-        let acquire = Acquire {
-            backend: &inner.backend,
-            keys: &keys,
-            token: &token,
-            ttl,
-            wait,
-            watch,
-            replicas,
-            kind: self.kind.clone(),
-        };
         if let Some(misuse) = self.misuse {
             return Err(Error::invalid(misuse));
         }
@@ -216,35 +209,37 @@ impl<'a> LockBuilder<'a> {
                 )));
             }
         }
-        let (granted, reentered) = match inner.backend.redlock_members() {
-            Some(_) if self.kind != Kind::Mutex => {
-                return Err(Error::invalid(format!(
-                    "a Redlock client takes mutexes only, not a {}",
-                    self.kind.noun()
-                )));
-            }
-            Some(members) => {
-                if acquire.replicas.is_some() {
-                    return Err(Error::invalid(
-                        "min_replicas is for a single primary; a Redlock lock already waits for a majority of primaries",
-                    ));
-                }
-                let granted = crate::redlock::acquire(
-                    &inner.backend,
-                    members,
-                    &keys,
-                    &token,
-                    ttl,
-                    wait,
-                    &acquire.watch,
-                )?;
-                (granted, None)
-            }
-            None => acquire.run(self.renew)?,
-        };
-        let registry = matches!(self.kind, Kind::Reentrant(_)).then(|| inner.reentrant.clone());
-        // This guard's hold: the token of this acquire (the first hold's is the lock's).
-        let hold = token;
+        let can = shared.server.capabilities();
+        if !can.every_kind && self.kind != Kind::Mutex {
+            return Err(Error::invalid(format!(
+                "a Redlock client takes mutexes only, not a {}",
+                self.kind.noun()
+            )));
+        }
+        if !can.replicas && replicas.is_some() {
+            return Err(Error::invalid(
+                "min_replicas is for a single primary; a Redlock lock already waits for a majority of primaries",
+            ));
+        }
+        let Acquired {
+            granted,
+            token: hold,
+            reentered,
+        } = Acquire {
+            server: &shared.server,
+            keys: &keys,
+            kind: &self.kind,
+            owner_label: &shared.owner_label,
+            ttl,
+            wait,
+            renew: self.renew,
+            watch,
+            replicas,
+        }
+        .run()?;
+        let registry = matches!(self.kind, Kind::Reentrant(_)).then(|| shared.registry.clone());
+        // `hold` names this guard's hold: the token of this acquire (the first hold's is
+        // the lock's).
         let token = match reentered {
             Some(lock_token) => {
                 if let Some(held) = registry.as_ref().and_then(|r| r.join(&lock_token)) {
@@ -268,98 +263,21 @@ impl<'a> LockBuilder<'a> {
             None => hold.clone(),
         };
         let lease = Lease::new(
-            inner.backend.clone(),
+            shared.server.clone(),
             keys,
             token,
             granted.fencing_token,
-            ttl,
-            granted.lease,
-            granted.sent_at,
+            self.kind,
+            replicas,
+            LeaseClock::new(ttl, granted.lease, granted.sent_at),
             self.on_lost.map(|callback| (hold.clone(), callback)),
-        )
-        .with_replicas(replicas)
-        .with_kind(self.kind);
+        );
         LockGuard::start(lease, self.renew, hold, registry)
     }
 }
 
 /// The longest owner of a reentrant lock accepted, in bytes.
 pub const MAX_OWNER_LEN: usize = 256;
-
-/// A held lock as this process has it: its lease and its renewal, shared by the guards of
-/// the holds of one reentrant owner (one guard otherwise).
-struct Held {
-    lease: Arc<Lease>,
-    renewal: Mutex<Option<Renewal>>,
-    /// Guards of this process that hold it; changed under the registry's lock when there
-    /// is one.
-    guards: Mutex<usize>,
-    /// The client's reentrant locks, for a reentrant lock.
-    registry: Option<Arc<Reentered>>,
-}
-
-impl Held {
-    fn renewal(&self) -> MutexGuard<'_, Option<Renewal>> {
-        self.renewal.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn guards(&self) -> MutexGuard<'_, usize> {
-        self.guards.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// One guard less; `true` when it was the last (the lock is then off the registry).
-    fn leave(self: &Arc<Self>) -> bool {
-        let Some(registry) = &self.registry else {
-            return true;
-        };
-        let mut map = registry.map();
-        let mut guards = self.guards();
-        *guards = guards.saturating_sub(1);
-        if *guards > 0 {
-            return false;
-        }
-        let token = &self.lease.token;
-        if map
-            .get(token)
-            .is_some_and(|w| w.ptr_eq(&Arc::downgrade(self)))
-        {
-            map.remove(token);
-        }
-        true
-    }
-}
-
-/// The reentrant locks a client holds, by token, so that more holds of one share its lease
-/// and renewal.
-#[derive(Default)]
-pub(crate) struct Reentered(Mutex<HashMap<String, Weak<Held>>>);
-
-impl Reentered {
-    fn map(&self) -> MutexGuard<'_, HashMap<String, Weak<Held>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The lock with `token` as held here, with one more guard; `None` when this process
-    /// does not hold it (any more), or its lease here is over (lost, or its local deadline
-    /// passed): the new hold then gets a lease of its own, from what the server just set.
-    fn join(&self, token: &str) -> Option<Arc<Held>> {
-        let map = self.map();
-        let held = map.get(token)?.upgrade()?;
-        let mut guards = held.guards();
-        if *guards == 0 || held.lease.gate_closed() || !held.lease.is_held() {
-            return None;
-        }
-        *guards += 1;
-        drop(guards);
-        Some(held)
-    }
-
-    fn insert(&self, held: &Arc<Held>) {
-        let mut map = self.map();
-        map.retain(|_, w| w.strong_count() > 0);
-        map.insert(held.lease.token.clone(), Arc::downgrade(held));
-    }
-}
 
 /// A held lock. Dropping it releases the lock (best effort; errors are logged).
 ///
@@ -382,21 +300,16 @@ impl LockGuard {
         lease: Lease,
         renew: bool,
         hold: String,
-        registry: Option<Arc<Reentered>>,
+        registry: Option<Arc<Registry>>,
     ) -> Result<LockGuard> {
         let lease = Arc::new(lease);
-        let held = Arc::new(Held {
-            lease: lease.clone(),
-            renewal: Mutex::new(None),
-            guards: Mutex::new(1),
-            registry,
-        });
+        let held = Held::new(lease.clone(), registry);
         let guard = LockGuard::with(held.clone(), hold);
         if renew {
             // On failure the guard drops here and releases the hold it just took.
             *held.renewal() = Some(Renewal::start(lease)?);
         }
-        if let Some(registry) = &held.registry {
+        if let Some(registry) = held.registry() {
             registry.insert(&held);
         }
         Ok(guard)
@@ -410,7 +323,7 @@ impl LockGuard {
         }
     }
 
-    fn renewal_slot(&self) -> MutexGuard<'_, Option<Renewal>> {
+    fn renewal_slot(&self) -> std::sync::MutexGuard<'_, Option<Renewal>> {
         self.held.renewal()
     }
 

@@ -11,9 +11,10 @@
 //!   their own deadline.
 //! - [`Lane::Blocking`]: waiters blocked on the server. At most `pool_size` at once; a
 //!   waiter that finds them all taken is told so and sleeps instead.
-//! - [`Lane::Urgent`]: releases, extends and renewals. Never waits: it takes an idle
-//!   connection or opens one, so neither blocked waiters nor busy callers can hold up the
-//!   end of a lease.
+//! - [`Lane::Urgent`] and [`Lane::Renewal`]: releases, extends and renewals. Never waits:
+//!   it takes an idle connection or opens one, so neither blocked waiters nor busy callers
+//!   can hold up the end of a lease. (Renewals use a pool of their own, see
+//!   [`crate::backend::node`].)
 //!
 //! Every lane shares the idle connections; an idle connection is checked (without
 //! blocking) before reuse, so one closed by a restarted server is replaced, not used.
@@ -24,16 +25,9 @@ use std::time::Instant;
 
 use crate::connection::{Connection, Connector};
 use crate::error::{Error, ErrorKind, Result};
+use crate::lane::Lane;
 use crate::process;
-
-/// Which share of the pool a checkout draws on (see the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Lane {
-    /// Waits for a free slot until the given instant.
-    Caller(Instant),
-    Blocking,
-    Urgent,
-}
+use crate::sync;
 
 pub(crate) struct Pool {
     pub connector: Connector,
@@ -74,7 +68,7 @@ impl Pool {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = sync::lock(&self.state);
         let current = process::generation();
         if state.process != current {
             // A forked child: the connections are the parent's. Forget them (dropping a
@@ -121,11 +115,7 @@ impl Pool {
                                 ),
                             ));
                         }
-                        state = self
-                            .freed
-                            .wait_timeout(state, until - now)
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0;
+                        state = sync::wait_timeout(&self.freed, state, until - now);
                     }
                 }
                 state.callers += 1;
@@ -140,7 +130,7 @@ impl Pool {
                 }
                 state.blocking += 1;
             }
-            Lane::Urgent => {}
+            Lane::Urgent | Lane::Renewal => {}
         }
         let process = state.process;
         drop(state);
@@ -184,7 +174,7 @@ impl Pool {
         match lane {
             Lane::Caller(_) => state.callers = state.callers.saturating_sub(1),
             Lane::Blocking => state.blocking = state.blocking.saturating_sub(1),
-            Lane::Urgent => {}
+            Lane::Urgent | Lane::Renewal => {}
         }
         if let Some(conn) = conn {
             if state.idle.len() < self.max_idle {

@@ -25,13 +25,15 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use crate::backend::Lane;
+use crate::core::lease::{LostReason, RenewalStep};
 use crate::error::{Error, ErrorKind, Result};
-use crate::lease::{Extended, Lease, LostReason};
+use crate::lane::Lane;
+use crate::lease::{Extended, Lease};
 use crate::process;
+use crate::sync;
 
-/// Shortest pause between two renewal attempts after a failed one.
-const MIN_RETRY: Duration = Duration::from_millis(10);
+/// How soon a renewal thread looks again at a lease whose gate an extend holds.
+const GATE_RETRY: Duration = Duration::from_millis(10);
 /// How long a parked renewal thread waits for another lock before it exits.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Parked renewal threads kept at most; more exit when their lock is released.
@@ -87,11 +89,11 @@ enum Woke {
 
 impl Worker {
     fn state(&self) -> MutexGuard<'_, WorkerState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.state)
     }
 
     fn assigned(&self) -> MutexGuard<'_, u64> {
-        self.assigned.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.assigned)
     }
 
     /// Hands `job` over, waking the thread only if it would otherwise sleep past the due
@@ -133,11 +135,7 @@ impl Worker {
                 state.busy = true;
                 return Woke::Timer;
             }
-            state = self
-                .poke
-                .wait_timeout(state, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            state = sync::wait_timeout(&self.poke, state, left);
         }
     }
 }
@@ -157,7 +155,7 @@ static PARKED: Mutex<Parked> = Mutex::new(Parked {
 });
 
 fn parked() -> MutexGuard<'static, Parked> {
-    let mut p = PARKED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = sync::lock(&PARKED);
     let current = process::generation();
     if p.process != current {
         p.idle.clear();
@@ -422,7 +420,7 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
             // the previous renewal still waits behind a slow batch: then it goes on its own.
             Err(()) => {
                 if !lease.withdraw_queued_renewal(QUEUE_PATIENCE) {
-                    return Some((now + MIN_RETRY).min(deadline));
+                    return Some((now + GATE_RETRY).min(deadline));
                 }
             }
             Ok(None) => return None,
@@ -444,18 +442,25 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
             }
         }
     }
-    let ttl = lease.ttl();
+    let mut ttl = lease.ttl();
     let renewed = {
         let _gate = lease.gate()?;
         if lease.lost().is_some() {
             return None;
         }
         // Before the gate was ours an extend may have moved the lease on.
-        let due = lease.next_renewal();
-        if due > Instant::now() {
-            return Some(due);
+        match lease.renewal_step(Instant::now()) {
+            RenewalStep::Wait(due) => return Some(due),
+            RenewalStep::Renew {
+                ttl: renewal_ttl,
+                cutoff,
+            } => {
+                ttl = renewal_ttl;
+                lease.extend_gated(ttl, Lane::Renewal, Some(cutoff))
+            }
+            // Declared lost without a request (a loss is final).
+            RenewalStep::Expired => lease.extend_gated(ttl, Lane::Renewal, Some(deadline)),
         }
-        lease.extend_gated(ttl, Lane::Renewal, Some(deadline))
     };
     match renewed {
         Ok(Extended::Yes) => Some(on_grid(lease.next_renewal(), coalescing(ttl))),
@@ -475,7 +480,7 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
                 return Some(lease.next_renewal().max(Instant::now()));
             }
             log::warn!("renewing lock {:?} failed, retrying: {e}", lease.keys.lock);
-            Some(now + (ttl / 10).max(MIN_RETRY).min(deadline - now))
+            Some(lease.retry_at(now, ttl))
         }
     }
 }

@@ -67,23 +67,12 @@ local function now_ms()
 end
 ";
 
-/// Acquire modes (ARGV[4] of [`ACQUIRE`]): a single attempt; never registered as a waiter.
-pub(crate) const MODE_ONCE: u8 = 0;
-/// A waiter's attempt before it blocks: registers (or refreshes) it if the lock is held.
-pub(crate) const MODE_WAITER: u8 = 1;
-/// A waiter's attempt right after a block (pipelined behind its `BLPOP`): may take a
-/// pending grant, whose wake element it may have popped; registers if still held.
-pub(crate) const MODE_AFTER_BLOCK: u8 = 2;
-/// As [`MODE_AFTER_BLOCK`], but the waiter's wait is over: withdraws its registration if
-/// the lock is still held.
-pub(crate) const MODE_LAST: u8 = 3;
-
 /// Acquire: `SET lock token NX PX ttl`, and on success the next fencing token.
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue, KEYS[5]
 ///   grant, and for a reentrant lock KEYS[6] its holds (see [`crate::kinds::Kind`])
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fencing counter expiry ms, ARGV[4] mode
-///   (`MODE_*`), ARGV[5] the waiter's grace ms: how long its registration lives
+///   ([`crate::core::reply::Mode`]), ARGV[5] the waiter's grace ms: how long its registration lives
 ///   unrefreshed, and the longest lease a taken grant gets; for a reentrant lock ARGV[6]
 ///   the owner
 /// - Returns `{1, fencing_token, lease_ms}` when acquired (`lease_ms` is the ttl the key
@@ -193,9 +182,10 @@ return {0, pttl}
 ///   registration of the last waiter to refresh it.
 /// - Returns 1 when released, 2 when granted to a waiter, 3 when one hold of a reentrant
 ///   lock was given back and others remain, 0 when the key no longer held the token (or,
-///   reentrant, it is another owner's). For a reentrant lock ARGV[1] names one hold (the
-///   token of the acquire that made it; the first hold's is the key's token), and the key
-///   is released with the last hold.
+///   reentrant, it is another owner's, or the hold named is not there). For a reentrant
+///   lock ARGV[1] names one hold (the token of the acquire that made it; the first hold's
+///   is the key's token), and the key is released with the last hold: a hold given back
+///   twice releases nothing the second time, even under the key's token.
 ///
 /// Under memory pressure (`maxmemory` with `noeviction`) a write that adds data may be
 /// refused; the release then deletes the key without a handoff (a delete is never refused)
@@ -216,12 +206,14 @@ if ARGV[6] and holder then
     if h[2] ~= ARGV[6] then
       return 0
     end
-    if redis.call('HDEL', KEYS[5], 'h:' .. ARGV[1]) == 1 then
-      if redis.call('HLEN', KEYS[5]) > 3 then
-        return 3
-      end
-      held = true
+    if redis.call('HDEL', KEYS[5], 'h:' .. ARGV[1]) == 0 then
+      -- That hold was given back already: nothing of the lock goes with it.
+      return 0
     end
+    if redis.call('HLEN', KEYS[5]) > 3 then
+      return 3
+    end
+    held = true
   end
 end
 if not held then
@@ -322,7 +314,7 @@ end
 ///
 /// - KEYS[1] semaphore, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fencing counter expiry ms, ARGV[4] mode
-///   (`MODE_*`), ARGV[5] the waiter's grace ms, ARGV[6] permits
+///   ([`crate::core::reply::Mode`]), ARGV[5] the waiter's grace ms, ARGV[6] permits
 /// - Returns `{1, fencing_token, ttl_ms}` when a permit is taken, `{0, ms}` when all are
 ///   held (`ms`: until the first of them expires).
 ///

@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::backend::node::Node;
-use crate::backend::{Call, Exec, Lane, run_calls};
-use crate::cancel::Watch;
+use crate::backend::call::Call;
+use crate::backend::exec::{Exec, Replies};
 use crate::error::{Error, ErrorKind, Result};
+use crate::lane::Lane;
+use crate::sync;
 
 /// How long a batching thread waits for work before it exits.
 const IDLE: Duration = Duration::from_secs(30);
@@ -25,6 +26,12 @@ const MAX_BATCH: usize = 1024;
 /// renewals of locks taken at slightly different moments then share a write (a few
 /// milliseconds of lateness against a third of a lease).
 const GATHER: Duration = Duration::from_millis(3);
+
+/// Where a batch goes: a node's renewal connections.
+pub(crate) trait Conduit: Send + Sync {
+    /// Runs `calls` in one request on a renewal connection, within `how`'s bounds.
+    fn run(&self, calls: &[Call], how: &Exec<'_>) -> Result<Replies>;
+}
 
 /// What runs when a request's reply (or failure) is known: the reply, and when the batch
 /// that carried it was written (before the server could run it).
@@ -61,10 +68,11 @@ struct Queue {
 
 impl Batcher {
     fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.queue)
     }
 
-    /// Hands `item` to `node`'s batching thread (starting it if needed); returns its id,
+    /// Hands `item` to this batcher's thread (starting it if needed, to serve `conduit`,
+    /// which it holds only while it runs a batch); returns its id,
     /// with which the submitter may [`withdraw`](Self::withdraw) it while it is still
     /// queued (behind a slow batch). Never blocks for I/O. An item whose cutoff passes
     /// while it is queued is completed with a timeout, unsent.
@@ -73,8 +81,12 @@ impl Batcher {
     /// the batch in flight has already taken more than a quarter of the time the item has
     /// left (a slow reply holds it up); the OS refuses a thread (the items others queued
     /// meanwhile are then completed with that error).
-    pub fn submit(node: &Arc<Node>, item: Item, io: Duration) -> Result<u64> {
-        let batcher = node.batcher.clone();
+    pub fn submit(
+        batcher: &Arc<Batcher>,
+        conduit: Weak<dyn Conduit>,
+        item: Item,
+        io: Duration,
+    ) -> Result<u64> {
         let mut queue = batcher.queue();
         let now = Instant::now();
         if let Some(since) = queue.in_flight_since {
@@ -91,12 +103,11 @@ impl Batcher {
             // ours is left in a queue that nobody serves.
             queue.running = true;
             drop(queue);
-            let weak = Arc::downgrade(node);
             let thread_batcher = batcher.clone();
             let started = std::thread::Builder::new()
                 .name("redlease-batch".into())
                 .stack_size(128 * 1024)
-                .spawn(move || serve(&thread_batcher, weak, io));
+                .spawn(move || serve(&thread_batcher, conduit, io));
             if let Err(e) = started {
                 let failed = Error::new(
                     ErrorKind::Internal,
@@ -143,7 +154,7 @@ impl Batcher {
 /// The batching thread of a node: takes whatever is queued, writes it in one request,
 /// reads the replies, runs the completions. It holds the node only while it runs a batch,
 /// so a client that is dropped closes its connections at once.
-fn serve(batcher: &Batcher, node: Weak<Node>, io: Duration) {
+fn serve(batcher: &Batcher, node: Weak<dyn Conduit>, io: Duration) {
     loop {
         let items = {
             let mut queue = batcher.queue();
@@ -155,11 +166,7 @@ fn serve(batcher: &Batcher, node: Weak<Node>, io: Duration) {
                     return;
                 }
                 queue.sleeping = true;
-                queue = batcher
-                    .work
-                    .wait_timeout(queue, left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
+                queue = sync::wait_timeout(&batcher.work, queue, left);
                 queue.sleeping = false;
             }
             if queue.items.len() < MAX_BATCH {
@@ -170,11 +177,7 @@ fn serve(batcher: &Batcher, node: Weak<Node>, io: Duration) {
                         break;
                     }
                     // Not `sleeping`: submitters need not wake this short wait.
-                    queue = batcher
-                        .work
-                        .wait_timeout(queue, left)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                    queue = sync::wait_timeout(&batcher.work, queue, left);
                 }
             }
             let take = queue.items.len().min(MAX_BATCH);
@@ -196,7 +199,7 @@ fn serve(batcher: &Batcher, node: Weak<Node>, io: Duration) {
         }
         if !items.is_empty() {
             match node.upgrade() {
-                Some(strong) => run_batch(&strong, items, io),
+                Some(strong) => run_batch(strong.as_ref(), items, io),
                 None => {
                     let failed = Error::new(ErrorKind::Connection, "the client was closed");
                     for item in items {
@@ -212,7 +215,7 @@ fn serve(batcher: &Batcher, node: Weak<Node>, io: Duration) {
 /// Writes `items` as one request and completes each with its reply. The batch gives up
 /// halfway to the earliest cutoff among them: replies come back in order, so one slow
 /// reply holds up all the others, and each must keep time to be sent again on its own.
-fn run_batch(node: &Node, items: Vec<Item>, io: Duration) {
+fn run_batch(node: &dyn Conduit, items: Vec<Item>, io: Duration) {
     let now = Instant::now();
     let cutoff = items
         .iter()
@@ -225,21 +228,9 @@ fn run_batch(node: &Node, items: Vec<Item>, io: Duration) {
         calls.push(item.call);
         dones.push(item.done);
     }
-    let watch = Watch::none();
-    let how = Exec {
-        lane: Lane::Renewal,
-        io,
-        cutoff,
-        watch: &watch,
-        retry_until: None,
-    };
+    let how = Exec::new(Lane::Renewal, io).cutoff(cutoff);
     let attempt_at = Instant::now();
-    let result = node
-        .checkout(&how)
-        .and_then(|pooled| {
-            pooled.ok_or_else(|| Error::new(ErrorKind::Internal, "no renewal connection"))
-        })
-        .and_then(|mut pooled| run_calls(pooled.conn(), &calls, &how));
+    let result = node.run(&calls, &how);
     match result {
         Ok(replies) => {
             let sent_at = replies.sent_at;

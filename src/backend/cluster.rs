@@ -17,21 +17,19 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::backend::call::Call;
+use crate::backend::exec::{Exec, Replies};
 use crate::backend::node::{Node, NodeFactory};
-use crate::backend::{
-    Call, Exec, Lane, Redirect, Replies, back_off, first_redirect, run_calls, splice,
-};
-use crate::cancel::Watch;
+use crate::backend::redirect::{self, Redirect, Route};
+use crate::backend::wire::run_calls;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::key_slot;
+use crate::lane::Lane;
+use crate::sync;
 use crate::url::Addr;
 
 /// Number of hash slots.
 const SLOTS: usize = 16384;
-/// Most tries of one request on a node that could not be reached, and most `MOVED` and
-/// `ASK` redirections followed in a row (a "not now" is tried again until the request's
-/// deadline).
-const MAX_ATTEMPTS: u32 = 6;
 /// Shortest time between two full refreshes of the slot map.
 const REFRESH_EVERY: Duration = Duration::from_millis(100);
 
@@ -68,15 +66,15 @@ impl Cluster {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, SlotMap> {
-        self.map.read().unwrap_or_else(|p| p.into_inner())
+        sync::read(&self.map)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, SlotMap> {
-        self.map.write().unwrap_or_else(|p| p.into_inner())
+        sync::write(&self.map)
     }
 
     /// Runs `calls` on the primary of `key`'s slot (any node for an empty key), following
-    /// redirections until `deadline`.
+    /// redirections until `deadline` (see [`redirect::follow`]).
     pub fn exec(
         &self,
         key: &str,
@@ -85,100 +83,15 @@ impl Cluster {
         deadline: Instant,
     ) -> Result<Option<Replies>> {
         let slot = (!key.is_empty()).then(|| usize::from(key_slot(key.as_bytes())));
-        let mut done: Option<Replies> = None;
-        let mut from = 0;
-        let mut ask: Option<Arc<Node>> = None;
-        let mut attempt = 0;
-        let mut unreachable = 0;
-        let mut hops = 0;
-        loop {
-            attempt += 1;
-            let asking = ask.is_some();
-            let node = match ask.take() {
-                Some(node) => node,
-                None => self.node_for(slot, deadline)?,
-            };
-            let result = if asking {
-                // `ASKING` admits only the command after it, and a `NOSCRIPT` resend would
-                // go without it (and be answered `MOVED`): each call gets its own, and
-                // scripts go as `EVAL`.
-                let asking = Call::cmd(&redis::cmd("ASKING"));
-                let with_asking: Vec<Call> = calls[from..]
-                    .iter()
-                    .flat_map(|call| [asking.clone(), call.evaluated()])
-                    .collect();
-                node.exec(&with_asking, how).map(|r| {
-                    r.map(|r| Replies {
-                        values: without_asking(r.values),
-                        sent_at: r.sent_at,
-                    })
-                })
-            } else {
-                node.exec(&calls[from..], how)
-            };
-            let replies = match result {
-                Ok(None) => return Ok(None),
-                Ok(Some(replies)) => replies,
-                Err(e) if e.is_unreachable() => {
-                    self.write().stale = true;
-                    unreachable += 1;
-                    if e.outcome_unknown()
-                        || unreachable >= MAX_ATTEMPTS
-                        || Instant::now() >= deadline
-                    {
-                        return Err(e);
-                    }
-                    back_off(attempt, deadline, how.watch)?;
-                    if Instant::now() >= deadline {
-                        return Err(e);
-                    }
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let merged = match done.take() {
-                Some(earlier) => splice(earlier, from, replies),
-                None => replies,
-            };
-            let redirect = first_redirect(&merged.values[from..], &node.addr);
-            // A migrating slot answers `TRYAGAIN` to multi-key requests until its keys
-            // settle on one node: worth waiting for within the request's deadline.
-            let Some((i, redirect)) = redirect.filter(|(_, redirect)| {
-                let moves = matches!(redirect, Redirect::Moved(_) | Redirect::Ask(_));
-                Instant::now() < deadline && !(moves && hops >= MAX_ATTEMPTS)
-            }) else {
-                return Ok(Some(merged));
-            };
-            match redirect {
-                Redirect::Moved(addr) => {
-                    hops += 1;
-                    log::debug!("slot {slot:?} moved to {addr}");
-                    let mut map = self.write();
-                    let node = node_at(&mut map, &self.factory, &addr);
-                    if let Some(slot) = slot {
-                        map.slots[slot] = Some(node);
-                    }
-                    map.stale = true;
-                }
-                Redirect::Ask(addr) => {
-                    hops += 1;
-                    ask = Some(node_at(&mut self.write(), &self.factory, &addr));
-                }
-                Redirect::Later | Redirect::ReadOnly => {
-                    // Counted by the deadline: the `ASK` that follows a `TRYAGAIN` during
-                    // a migration is no ping-pong.
-                    hops = 0;
-                    self.write().stale = true;
-                    back_off(attempt, deadline, how.watch)?;
-                    // Nothing is sent past the deadline: the refusal is the outcome.
-                    if Instant::now() >= deadline {
-                        return Ok(Some(merged));
-                    }
-                }
-            }
-            from += i;
-            done = Some(merged);
-        }
+        redirect::follow(
+            &SlotRoute {
+                cluster: self,
+                slot,
+            },
+            calls,
+            how,
+            deadline,
+        )
     }
 
     /// The primary of `key`'s slot.
@@ -274,13 +187,7 @@ impl Cluster {
             .factory
             .connector(addr, &self.factory.login)
             .connect(deadline)?;
-        let how = Exec {
-            lane: Lane::Urgent,
-            io: self.io_timeout,
-            cutoff: Some(deadline),
-            watch: &Watch::none(),
-            retry_until: None,
-        };
+        let how = Exec::new(Lane::Urgent, self.io_timeout).cutoff(Some(deadline));
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
         let replies = run_calls(&mut conn, &[Call::cmd(&cmd)], &how)?;
@@ -334,20 +241,33 @@ impl Cluster {
     }
 }
 
-/// The replies of `[ASKING, call, ASKING, call, ...]`, one per call. A refused `ASKING` (an
-/// ACL without `+asking`) stands for its call when that call failed too: the call went
-/// without it, and the refusal is the reason.
-fn without_asking(values: Vec<Value>) -> Vec<Value> {
-    let mut values = values.into_iter();
-    let mut replies = Vec::with_capacity(values.len() / 2);
-    while let (Some(asking), Some(reply)) = (values.next(), values.next()) {
-        let refused = matches!(asking, Value::ServerError(_));
-        replies.push(match reply {
-            Value::ServerError(_) if refused => asking,
-            reply => reply,
-        });
+/// How one request on one slot is routed.
+struct SlotRoute<'a> {
+    cluster: &'a Cluster,
+    slot: Option<usize>,
+}
+
+impl Route for SlotRoute<'_> {
+    fn node(&self, deadline: Instant) -> Result<Arc<Node>> {
+        self.cluster.node_for(self.slot, deadline)
     }
-    replies
+
+    fn forget(&self, _node: &Arc<Node>) {
+        self.cluster.write().stale = true;
+    }
+
+    fn redirected(&self, redirect: &Redirect, addr: &Addr) -> Option<Arc<Node>> {
+        let mut map = self.cluster.write();
+        let node = node_at(&mut map, &self.cluster.factory, addr);
+        if let Redirect::Moved(_) = redirect {
+            log::debug!("slot {:?} moved to {addr}", self.slot);
+            if let Some(slot) = self.slot {
+                map.slots[slot] = Some(node.clone());
+            }
+            map.stale = true;
+        }
+        Some(node)
+    }
 }
 
 /// The node at `addr`, made on first use.
@@ -356,30 +276,4 @@ fn node_at(map: &mut SlotMap, factory: &NodeFactory, addr: &Addr) -> Arc<Node> {
         .entry(addr.clone())
         .or_insert_with(|| factory.node(addr))
         .clone()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn error(text: &str) -> Value {
-        redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap()
-    }
-
-    #[test]
-    fn a_refused_asking_stands_for_its_call_only_when_the_call_failed_too() {
-        let ok = || Value::Okay;
-        let replies = without_asking(vec![
-            ok(),
-            Value::Int(1),
-            error("NOPERM no asking"),
-            error("MOVED 1 127.0.0.1:7000"),
-            error("NOPERM no asking"),
-            Value::Int(2),
-        ]);
-        assert_eq!(replies.len(), 3);
-        assert_eq!(replies[0], Value::Int(1));
-        assert!(matches!(&replies[1], Value::ServerError(e) if e.code() == "NOPERM"));
-        assert_eq!(replies[2], Value::Int(2));
-    }
 }

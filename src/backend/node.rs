@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::backend::batch::Batcher;
-use crate::backend::{Call, Exec, Lane, Replies, reply, run_calls};
-use crate::cancel::Watch;
+use crate::backend::batch::{Batcher, Conduit};
+use crate::backend::call::Call;
+use crate::backend::exec::{Exec, Replies};
+use crate::backend::wire::{reply, run_calls};
 use crate::connection::{Connection, Connector};
-use crate::error::Result;
-use crate::pool::{self, Pool, Pooled};
+use crate::error::{Error, ErrorKind, Result};
+use crate::lane::Lane;
+use crate::pool::{Pool, Pooled};
 use crate::tls::TlsSetup;
 use crate::url::{Addr, Login};
 
@@ -71,6 +73,18 @@ pub(crate) struct Node {
     pub batcher: Arc<Batcher>,
 }
 
+impl Conduit for Node {
+    fn run(&self, calls: &[Call], how: &Exec<'_>) -> Result<Replies> {
+        let mut pooled = self.checkout(how)?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Internal,
+                "no connection on a lane that never lacks one",
+            )
+        })?;
+        run_calls(pooled.conn(), calls, how)
+    }
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
         self.batcher.close();
@@ -89,10 +103,8 @@ impl Node {
         if !self.policy_checked.swap(true, Ordering::Relaxed) {
             // Once, after a request went through (so that a probe of a server that does not
             // answer never eats into a caller's bounds): a short one on the same connection.
-            let probe = Exec {
-                cutoff: Some(Instant::now() + PROBE_TIMEOUT.min(how.io)),
-                ..*how
-            };
+            let probe = Exec::new(how.lane, how.io)
+                .cutoff(Some(Instant::now() + PROBE_TIMEOUT.min(how.io)));
             check_eviction_policy(pooled.conn(), &self.addr.to_string(), &probe);
         }
         Ok(Some(replies))
@@ -101,16 +113,14 @@ impl Node {
     /// A connection on `how.lane` (connecting by the cutoff, or within the connect
     /// timeout). `Ok(None)` on the blocking lane when all its connections are taken.
     pub fn checkout(&self, how: &Exec<'_>) -> Result<Option<Pooled<'_>>> {
-        let (pool, lane) = match how.lane {
-            Lane::Caller(until) => (&self.pool, pool::Lane::Caller(until)),
-            Lane::Blocking => (&self.pool, pool::Lane::Blocking),
-            Lane::Urgent => (&self.pool, pool::Lane::Urgent),
-            Lane::Renewal => (&self.renewal, pool::Lane::Urgent),
+        let pool = match how.lane {
+            Lane::Renewal => &self.renewal,
+            Lane::Caller(_) | Lane::Blocking | Lane::Urgent => &self.pool,
         };
         let connect_by = how
             .cutoff
             .unwrap_or_else(|| Instant::now() + pool.connector.connect_timeout);
-        pool.checkout(lane, connect_by)
+        pool.checkout(how.lane, connect_by)
     }
 
     /// Whether an idle connection is at hand (a checkout would not have to connect).
@@ -134,14 +144,7 @@ impl Node {
 pub(crate) fn check_eviction_policy(conn: &mut Connection, describe: &str, how: &Exec<'_>) {
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("GET").arg("maxmemory-policy");
-    let probe = Exec {
-        lane: how.lane,
-        io: how.io,
-        cutoff: how.cutoff,
-        watch: &Watch::none(),
-        retry_until: None,
-    };
-    let Ok(replies) = run_calls(conn, &[Call::cmd(&cmd)], &probe) else {
+    let Ok(replies) = run_calls(conn, &[Call::cmd(&cmd)], how) else {
         return;
     };
     let Some(value) = replies.values.into_iter().next() else {

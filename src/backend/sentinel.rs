@@ -17,16 +17,15 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::backend::call::Call;
+use crate::backend::exec::{Exec, Replies};
 use crate::backend::node::{Node, NodeFactory};
-use crate::backend::{
-    Call, Exec, Redirect, Replies, back_off, first_redirect, reply, run_calls, splice,
-};
-use crate::cancel::Watch;
+use crate::backend::redirect::{self, Redirect, Route};
+use crate::backend::wire::{reply, run_calls};
 use crate::error::{Error, ErrorKind, Result};
+use crate::lane::Lane;
+use crate::sync;
 use crate::url::{Addr, Login};
-
-/// Most times a request refused by a demoted primary is sent again.
-const MAX_ATTEMPTS: u32 = 4;
 
 pub(crate) struct Sentinel {
     factory: NodeFactory,
@@ -60,60 +59,18 @@ impl Sentinel {
     }
 
     fn primary(&self) -> std::sync::MutexGuard<'_, Option<Arc<Node>>> {
-        self.primary.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.primary)
     }
 
     /// Runs `calls` on the primary, rediscovering it (until `deadline`) when it was demoted
-    /// or cannot be reached.
+    /// or cannot be reached (see [`redirect::follow`]).
     pub fn exec(
         &self,
         calls: &[Call],
         how: &Exec<'_>,
         deadline: Instant,
     ) -> Result<Option<Replies>> {
-        let mut done: Option<Replies> = None;
-        let mut from = 0;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let node = self.current(deadline)?;
-            let result = node.exec(&calls[from..], how);
-            let replies = match result {
-                Ok(None) => return Ok(None),
-                Ok(Some(replies)) => replies,
-                Err(e) if e.is_unreachable() => {
-                    // The next request rediscovers; this one is sent again only if it surely
-                    // did not run.
-                    self.forget(&node);
-                    if e.outcome_unknown() || attempt >= MAX_ATTEMPTS || Instant::now() >= deadline
-                    {
-                        return Err(e);
-                    }
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let merged = match done.take() {
-                Some(earlier) => splice(earlier, from, replies),
-                None => replies,
-            };
-            match first_redirect(&merged.values[from..], &node.addr) {
-                Some((i, Redirect::ReadOnly | Redirect::Later))
-                    if attempt < MAX_ATTEMPTS && Instant::now() < deadline =>
-                {
-                    log::info!(
-                        "{} is no longer the primary of {:?}; rediscovering",
-                        node.addr,
-                        self.master
-                    );
-                    self.forget(&node);
-                    back_off(attempt, deadline, how.watch)?;
-                    from += i;
-                    done = Some(merged);
-                }
-                _ => return Ok(Some(merged)),
-            }
-        }
+        redirect::follow(self, calls, how, deadline)
     }
 
     /// The primary's node, discovering it if needed.
@@ -139,7 +96,7 @@ impl Sentinel {
     }
 
     /// Stops using `node` (if it is still the one in use).
-    pub fn forget(&self, node: &Arc<Node>) {
+    pub fn forget_primary(&self, node: &Arc<Node>) {
         let mut primary = self.primary();
         if primary.as_ref().is_some_and(|p| Arc::ptr_eq(p, node)) {
             *primary = None;
@@ -221,13 +178,7 @@ impl Sentinel {
         deadline: Instant,
     ) -> Result<Value> {
         let mut conn = self.factory.connector(addr, login).connect(deadline)?;
-        let how = Exec {
-            lane: crate::backend::Lane::Urgent,
-            io: self.io_timeout,
-            cutoff: Some(deadline),
-            watch: &Watch::none(),
-            retry_until: None,
-        };
+        let how = Exec::new(Lane::Urgent, self.io_timeout).cutoff(Some(deadline));
         let replies = run_calls(&mut conn, &[Call::cmd(cmd)], &how)?;
         Ok(replies.values.into_iter().next().unwrap_or(Value::Nil))
     }
@@ -236,5 +187,31 @@ impl Sentinel {
         if let Some(node) = self.primary().as_ref() {
             node.close_idle();
         }
+    }
+}
+
+impl Route for Sentinel {
+    fn node(&self, deadline: Instant) -> Result<Arc<Node>> {
+        self.current(deadline)
+    }
+
+    fn forget(&self, node: &Arc<Node>) {
+        if self
+            .primary()
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p, node))
+        {
+            log::info!(
+                "{} is no longer usable as the primary of {:?}; rediscovering",
+                node.addr,
+                self.master
+            );
+        }
+        self.forget_primary(node);
+    }
+
+    /// A Sentinel deployment has no slots: a `MOVED` or `ASK` is an answer.
+    fn redirected(&self, _redirect: &Redirect, _addr: &Addr) -> Option<Arc<Node>> {
+        None
     }
 }

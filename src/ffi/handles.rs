@@ -50,7 +50,7 @@ impl<T> HandleTable<T> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Table<T>> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.table)
     }
 
     fn encode(&self, index: usize, generation: u64) -> u64 {

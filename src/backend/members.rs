@@ -1,5 +1,5 @@
-//! The members of a Redlock deployment, and one *round*: the same calls sent to every
-//! member, in parallel.
+//! The members of a Redlock deployment (independent primaries, each a single server or a
+//! Sentinel deployment), and one *round*: the same calls sent to every member, in parallel.
 //!
 //! A round writes the request to every member before it reads any reply, so its time is
 //! that of the slowest member (bounded by the per-member deadline), not the sum. It spawns
@@ -12,14 +12,18 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::backend::Backend;
+use crate::backend::call::Call;
+use crate::backend::exec::Exec;
 use crate::backend::node::Node;
-use crate::backend::{Backend, Call, Exec, Lane, Redirect, finish_calls, send_calls};
-use crate::cancel::Watch;
+use crate::backend::redirect::Redirect;
+use crate::backend::wire::{finish_calls, send_calls};
 use crate::error::{Error, Result};
+use crate::lane::Lane;
 use crate::pool::Pooled;
 
-/// The members (independent primaries, or Sentinel deployments).
-pub(crate) struct Redlock {
+/// The members of a Redlock deployment.
+pub(crate) struct Members {
     pub members: Vec<Backend>,
 }
 
@@ -29,32 +33,21 @@ pub(crate) struct Round {
     pub outcomes: Vec<Result<Vec<Value>>>,
 }
 
-impl Redlock {
+impl Members {
     pub fn new(members: Vec<Backend>) -> Self {
-        Redlock { members }
+        Members { members }
     }
 
-    /// How many members make a majority.
-    pub fn quorum(&self) -> usize {
-        self.members.len() / 2 + 1
-    }
-
-    /// A short description of member `i`, for messages.
-    pub fn name(&self, i: usize) -> &str {
-        self.members[i].describe()
+    /// A short description of each member, for messages.
+    pub fn names(&self) -> Vec<&str> {
+        self.members.iter().map(Backend::describe).collect()
     }
 
     /// Sends `calls` on `key` to every member and reads the replies, nothing past
     /// `deadline`.
     pub fn round(&self, key: &str, calls: &[Call], lane: Lane, deadline: Instant) -> Round {
-        let watch = Watch::none();
-        let how = Exec {
-            lane,
-            io: deadline.saturating_duration_since(Instant::now()),
-            cutoff: Some(deadline),
-            watch: &watch,
-            retry_until: None,
-        };
+        let how = Exec::new(lane, deadline.saturating_duration_since(Instant::now()))
+            .cutoff(Some(deadline));
         let nodes: Vec<Result<Arc<Node>>> = self
             .members
             .iter()
@@ -87,14 +80,6 @@ impl Redlock {
             })
             .collect();
         Round { outcomes }
-    }
-
-    pub fn describe_outcomes(&self, what: &[String]) -> String {
-        what.iter()
-            .enumerate()
-            .map(|(i, w)| format!("{}: {w}", self.name(i)))
-            .collect::<Vec<_>>()
-            .join("; ")
     }
 }
 

@@ -1,0 +1,251 @@
+//! What the lock scripts are asked (their modes) and what their replies mean, as types.
+//!
+//! The scripts themselves, with their KEYS and ARGV, are in [`crate::scripts`]; the calls
+//! that carry them are built in [`crate::kinds`]. Here only the meaning of the numbers
+//! that go in and come back.
+
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// How an acquire attempt treats the waiters' queue (ARGV[4] of the acquire scripts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// A single attempt; never registered as a waiter.
+    Once,
+    /// A waiter's attempt before it blocks: registers (or refreshes) it if the lock is held.
+    Waiter,
+    /// A waiter's attempt right after a block (pipelined behind its `BLPOP`): may take a
+    /// pending grant, whose wake element it may have popped; registers if still held.
+    AfterBlock,
+    /// As [`Mode::AfterBlock`], but the waiter's wait is over: withdraws its registration
+    /// if the lock is still held.
+    Last,
+}
+
+impl Mode {
+    /// The number the scripts take.
+    pub fn arg(self) -> u8 {
+        match self {
+            Mode::Once => 0,
+            Mode::Waiter => 1,
+            Mode::AfterBlock => 2,
+            Mode::Last => 3,
+        }
+    }
+
+    /// Whether a waiter in this mode still waits afterwards (its registration stays).
+    pub fn keeps_waiting(self) -> bool {
+        matches!(self, Mode::Waiter | Mode::AfterBlock)
+    }
+}
+
+/// What an acquire attempt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AttemptReply {
+    /// Taken: the key was set to the attempt's token for `lease` (the ttl, or less for a
+    /// grant taken from a release), with this fencing token.
+    Granted { fencing_token: u64, lease: Duration },
+    /// A reentrant lock its owner already held: one more hold of the acquisition whose
+    /// token is `lock_token`; the lease is now at least `lease`.
+    Reentered {
+        fencing_token: u64,
+        lease: Duration,
+        lock_token: String,
+    },
+    /// Held by another owner, whose lease ends in `holder_pttl` (`None`: unknown, or a key
+    /// without expiry).
+    Busy { holder_pttl: Option<Duration> },
+}
+
+/// What a token-checked extend found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExtendReply {
+    /// The hold has the new ttl.
+    Extended,
+    /// The key no longer held the token.
+    NotHeld,
+}
+
+/// What a token-checked release (or a waiter's withdrawal) found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseReply {
+    /// The hold was there and is given back.
+    Released,
+    /// The hold was there; the lock went straight to a registered waiter.
+    HandedOff,
+    /// One hold of a reentrant lock was given back; others remain.
+    HoldReturned,
+    /// The key no longer held the token (or, reentrant, another owner's hold).
+    NotHeld,
+}
+
+impl ReleaseReply {
+    /// Whether the hold was there (and no longer is).
+    pub fn was_held(self) -> bool {
+        !matches!(self, ReleaseReply::NotHeld)
+    }
+}
+
+/// A script's reply, with when its request was written and whether the replicas asked for
+/// acknowledged its write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Answer<T> {
+    pub reply: T,
+    /// When the request was written: the server ran it after this.
+    pub sent_at: Instant,
+    /// Too few replicas acknowledged the write (`min_replicas`): why.
+    pub unacknowledged: Option<Error>,
+}
+
+/// The server's error reply as an error, anything else as itself.
+fn value(value: Option<Value>) -> Result<Value> {
+    match value.unwrap_or(Value::Nil) {
+        Value::ServerError(e) => Err(Error::server(&e)),
+        value => Ok(value),
+    }
+}
+
+fn unexpected(what: &str, value: &Value) -> Error {
+    Error::new(
+        ErrorKind::Server,
+        format!("unexpected reply to the {what} script: {value:?}"),
+    )
+}
+
+fn int(value: &Value) -> Option<i64> {
+    redis::from_redis_value::<i64>(value.clone()).ok()
+}
+
+/// Reads an acquire script's reply: `{1, fencing_token, lease_ms}`, `{2, fencing_token,
+/// lease_ms, token}` or `{0, pttl_ms}`.
+///
+/// Errors: the server's error, or [`ErrorKind::Server`] for a reply of another shape.
+pub(crate) fn attempt(reply: Option<Value>) -> Result<AttemptReply> {
+    let reply = value(reply)?;
+    let Value::Array(items) = &reply else {
+        return Err(unexpected("acquire", &reply));
+    };
+    let ints: Vec<Option<i64>> = items.iter().map(int).collect();
+    let lease = |ms: i64| {
+        u64::try_from(ms)
+            .ok()
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis)
+            .ok_or_else(|| Error::new(ErrorKind::Server, format!("bad lease {ms}")))
+    };
+    let fence = |f: i64| {
+        u64::try_from(f)
+            .map_err(|_| Error::new(ErrorKind::Server, format!("bad fencing token {f}")))
+    };
+    match ints[..] {
+        [Some(1), Some(f), Some(ms)] => Ok(AttemptReply::Granted {
+            fencing_token: fence(f)?,
+            lease: lease(ms)?,
+        }),
+        [Some(2), Some(f), Some(ms), _] => {
+            let lock_token = redis::from_redis_value::<String>(items[3].clone())
+                .map_err(|_| unexpected("acquire", &reply))?;
+            Ok(AttemptReply::Reentered {
+                fencing_token: fence(f)?,
+                lease: lease(ms)?,
+                lock_token,
+            })
+        }
+        [Some(0), Some(pttl)] => Ok(AttemptReply::Busy {
+            holder_pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+        }),
+        _ => Err(unexpected("acquire", &reply)),
+    }
+}
+
+/// Reads an extend script's reply: 1 extended, 0 not held.
+pub(crate) fn extend(reply: Option<Value>) -> Result<ExtendReply> {
+    let reply = value(reply)?;
+    match int(&reply) {
+        Some(1) => Ok(ExtendReply::Extended),
+        Some(0) => Ok(ExtendReply::NotHeld),
+        _ => Err(unexpected("extend", &reply)),
+    }
+}
+
+/// Reads a release script's reply: 1 released, 2 handed off, 3 one hold of several given
+/// back, 0 not held.
+pub(crate) fn release(reply: Option<Value>) -> Result<ReleaseReply> {
+    let reply = value(reply)?;
+    match int(&reply) {
+        Some(0) => Ok(ReleaseReply::NotHeld),
+        Some(1) => Ok(ReleaseReply::Released),
+        Some(2) => Ok(ReleaseReply::HandedOff),
+        Some(3) => Ok(ReleaseReply::HoldReturned),
+        _ => Err(unexpected("release", &reply)),
+    }
+}
+
+/// Reads a `WAIT` reply: how many replicas acknowledged.
+pub(crate) fn acknowledged(reply: Option<Value>) -> Result<u64> {
+    let reply = value(reply)?;
+    int(&reply)
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| unexpected("WAIT", &reply))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn array(items: Vec<Value>) -> Option<Value> {
+        Some(Value::Array(items))
+    }
+
+    #[test]
+    fn attempt_replies_are_read_by_shape() {
+        assert_eq!(
+            attempt(array(vec![Value::Int(1), Value::Int(7), Value::Int(500)])).unwrap(),
+            AttemptReply::Granted {
+                fencing_token: 7,
+                lease: Duration::from_millis(500)
+            }
+        );
+        assert_eq!(
+            attempt(array(vec![
+                Value::Int(2),
+                Value::Int(3),
+                Value::Int(900),
+                Value::BulkString(b"tok".to_vec())
+            ]))
+            .unwrap(),
+            AttemptReply::Reentered {
+                fencing_token: 3,
+                lease: Duration::from_millis(900),
+                lock_token: "tok".into()
+            }
+        );
+        assert_eq!(
+            attempt(array(vec![Value::Int(0), Value::Int(-1)])).unwrap(),
+            AttemptReply::Busy { holder_pttl: None }
+        );
+        for bad in [
+            array(vec![Value::Int(1), Value::Int(-4), Value::Int(5)]),
+            array(vec![Value::Int(1), Value::Int(4), Value::Int(0)]),
+            array(vec![Value::Int(9)]),
+            Some(Value::Int(1)),
+            None,
+        ] {
+            assert_eq!(attempt(bad).unwrap_err().kind(), ErrorKind::Server);
+        }
+    }
+
+    #[test]
+    fn release_replies_say_whether_the_hold_was_there() {
+        let read = |n| release(Some(Value::Int(n))).unwrap();
+        assert!(!read(0).was_held());
+        assert!(read(1).was_held());
+        assert_eq!(read(2), ReleaseReply::HandedOff);
+        assert!(read(2).was_held());
+        assert!(read(3).was_held());
+        assert!(release(Some(Value::Int(4))).is_err());
+    }
+}

@@ -1,0 +1,129 @@
+//! The lock protocol as a deployment serves it: the one seam the lock code talks to.
+//!
+//! A [`LockServer`] takes an attempt, an extend or a release of one hold and answers with
+//! what the scripts said. Two implementations: [`routed::Routed`] sends each to the server
+//! that owns the lock key (a single server, a Sentinel deployment's primary, a Cluster
+//! slot's primary, through [`crate::backend`]); [`quorum::Quorum`] sends it to every
+//! Redlock member in one round and counts the answers ([`crate::core::quorum`]). Both
+//! build their calls in one place ([`crate::kinds`]: each script's KEYS and ARGV), and
+//! declare what they can do ([`Capabilities`]), which the lock builder checks before
+//! anything is sent.
+
+pub(crate) mod quorum;
+pub(crate) mod routed;
+
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+use crate::backend::batch::{Batcher, Item};
+use crate::backend::call::{Call, Replicas};
+use crate::backend::exec::{Exec, Replies};
+use crate::core::acquire::Bounds;
+use crate::core::reply::{Answer, AttemptReply, ExtendReply, Mode, ReleaseReply};
+use crate::error::Result;
+use crate::keys::LockKeys;
+use crate::kinds::Kind;
+
+/// What a deployment can do beyond a mutex taken, extended and released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Capabilities {
+    /// Reentrant locks, semaphores and read-write locks (otherwise mutexes only).
+    pub every_kind: bool,
+    /// Waiters block on the server and releases hand the lock to them; otherwise waiters
+    /// sleep between attempts.
+    pub blocking: bool,
+    /// Fencing tokens that increase per name (otherwise every fencing token is 0).
+    pub fencing: bool,
+    /// Replica acknowledgement (`min_replicas`).
+    pub replicas: bool,
+    /// Renewals pipelined with other locks' ([`crate::backend::batch`]).
+    pub batching: bool,
+    /// Operators' views and actions: inspect, list, break, check.
+    pub inspection: bool,
+}
+
+/// One hold on the server: its kind, its keys and the token it is (or would be) under.
+#[derive(Clone, Copy)]
+pub(crate) struct Hold<'a> {
+    pub kind: &'a Kind,
+    pub keys: &'a LockKeys,
+    pub token: &'a str,
+}
+
+/// One acquire attempt.
+pub(crate) struct AttemptRequest<'a> {
+    pub hold: Hold<'a>,
+    pub ttl: Duration,
+    pub mode: Mode,
+    /// How long the waiter's registration lives unrefreshed.
+    pub grace: Duration,
+    /// Block on the wake list this long first, the attempt pipelined behind the block.
+    pub block: Option<Duration>,
+    pub exec: Exec<'a>,
+    pub replicas: Option<Replicas>,
+}
+
+/// A renewal queued in a batch, to take back while it is unsent.
+pub(crate) struct Queued {
+    pub batcher: Weak<Batcher>,
+    pub id: u64,
+}
+
+/// The lock protocol over one deployment (see the module documentation). Every method
+/// blocks for at most the bounds in its request (or the client's timeouts) and never
+/// repeats a request that may have run.
+pub(crate) trait LockServer: Send + Sync {
+    /// What this deployment can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// The bounds of one request.
+    fn bounds(&self) -> Bounds;
+
+    /// The deployment, for messages (passwords hidden).
+    fn describe(&self) -> &str;
+
+    /// Sends an attempt. `Ok(None)`: a block found every blocking connection taken, and
+    /// nothing was sent.
+    fn attempt(&self, request: &AttemptRequest<'_>) -> Result<Option<Answer<AttemptReply>>>;
+
+    /// Extends `hold` to `ttl`.
+    fn extend(
+        &self,
+        hold: Hold<'_>,
+        ttl: Duration,
+        replicas: Option<Replicas>,
+        exec: &Exec<'_>,
+    ) -> Result<Answer<ExtendReply>>;
+
+    /// Releases `hold` (a lease of `ttl`), or, `withdraw`, withdraws a waiter: also its
+    /// registration, and a hold it may have taken unawares.
+    fn release(
+        &self,
+        hold: Hold<'_>,
+        ttl: Duration,
+        withdraw: bool,
+        exec: &Exec<'_>,
+    ) -> Result<ReleaseReply>;
+
+    /// Queues `item` (a renewal of the lock `key`) in the batch of the node that owns the
+    /// key, found by `deadline`. Only when [`Capabilities::batching`]; nothing is sent when
+    /// this fails.
+    fn queue_renewal(&self, key: &str, item: Item, deadline: Instant) -> Result<Queued>;
+
+    /// Whether the lock key is held (on a majority, for a quorum).
+    fn is_locked(&self, keys: &LockKeys) -> Result<bool>;
+
+    /// Checks that the deployment answers (a majority, for a quorum).
+    fn ping(&self) -> Result<()>;
+
+    /// Runs `calls` on the server that owns `key`. Only when
+    /// [`Capabilities::inspection`].
+    fn run(&self, key: &str, calls: &[Call], exec: &Exec<'_>) -> Result<Replies>;
+
+    /// Every key matching `pattern`, at most `limit`. Only when
+    /// [`Capabilities::inspection`].
+    fn scan(&self, pattern: &str, limit: usize) -> Result<Vec<String>>;
+
+    /// Closes the idle connections.
+    fn close_idle(&self);
+}

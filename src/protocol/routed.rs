@@ -1,0 +1,223 @@
+//! The lock protocol on a deployment that routes each lock to one server: a single server,
+//! a Sentinel deployment's primary, or a Cluster slot's primary.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::backend::Backend;
+use crate::backend::batch::{Batcher, Conduit, Item};
+use crate::backend::call::{Call, Replicas};
+use crate::backend::exec::{Exec, Replies};
+use crate::backend::wire::reply;
+use crate::core::acquire::Bounds;
+use crate::core::backoff;
+use crate::core::reply::{self, Answer, AttemptReply, ExtendReply, ReleaseReply};
+use crate::error::{Error, Result};
+use crate::keys::LockKeys;
+use crate::protocol::{AttemptRequest, Capabilities, Hold, LockServer, Queued};
+use crate::token;
+
+/// A deployment whose locks each live on one server.
+pub(crate) struct Routed {
+    backend: Backend,
+}
+
+impl Routed {
+    pub fn new(backend: Backend) -> Self {
+        Routed { backend }
+    }
+
+    fn grace_ms(&self) -> u64 {
+        backoff::grace(self.backend.io_timeout).as_millis() as u64
+    }
+
+    /// Runs `calls` (after `blocked` leading blocking calls: a script, then `WAIT` when
+    /// replicas must acknowledge) and reads the script's reply with `read`. `wrote` says
+    /// whether a reply stands for a write the replicas must acknowledge; `doing` names it
+    /// for a shortfall. `Ok(None)`: no blocking connection was free, nothing was sent.
+    #[allow(clippy::too_many_arguments)]
+    fn answer<T>(
+        &self,
+        key: &str,
+        calls: &[Call],
+        blocked: bool,
+        replicas: Option<Replicas>,
+        exec: &Exec<'_>,
+        doing: &str,
+        read: impl FnOnce(Option<Value>) -> Result<T>,
+        wrote: impl FnOnce(&T) -> bool,
+    ) -> Result<Option<Answer<T>>> {
+        let Some(replies) = self.backend.exec(key, calls, exec)? else {
+            return Ok(None);
+        };
+        let sent_at = replies.sent_at;
+        let mut values = replies.values.into_iter();
+        if blocked {
+            // The block's own reply: an element, or nil at its timeout. An error there
+            // (the wake list of another type) is the attempt's failure.
+            if let Some(Value::ServerError(e)) = values.next() {
+                return Err(Error::server(&e));
+            }
+        }
+        let reply = read(values.next())?;
+        let unacknowledged = match replicas {
+            Some(replicas) if wrote(&reply) => replicas.shortfall(values.next(), doing),
+            _ => None,
+        };
+        Ok(Some(Answer {
+            reply,
+            sent_at,
+            unacknowledged,
+        }))
+    }
+}
+
+impl LockServer for Routed {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            every_kind: true,
+            blocking: true,
+            fencing: true,
+            replicas: true,
+            batching: true,
+            inspection: true,
+        }
+    }
+
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            pool_wait: self.backend.pool_wait,
+            connect: self.backend.connect_timeout,
+            io: self.backend.io_timeout,
+        }
+    }
+
+    fn describe(&self) -> &str {
+        self.backend.describe()
+    }
+
+    fn attempt(&self, request: &AttemptRequest<'_>) -> Result<Option<Answer<AttemptReply>>> {
+        let Hold { kind, keys, token } = request.hold;
+        let mut calls = Vec::with_capacity(3);
+        if let Some(block) = request.block {
+            let mut blpop = redis::cmd("BLPOP");
+            blpop
+                .arg(kind.wake_list(keys))
+                .arg(format!("{:.3}", block.as_secs_f64()));
+            calls.push(Call::blocking(&blpop, block));
+        }
+        calls.push(kind.attempt(
+            keys,
+            token,
+            request.ttl.as_millis() as u64,
+            request.mode,
+            request.grace.as_millis() as u64,
+        ));
+        calls.extend(request.replicas.map(|r| r.call()));
+        self.answer(
+            &keys.lock,
+            &calls,
+            request.block.is_some(),
+            request.replicas,
+            &request.exec,
+            "acquiring",
+            reply::attempt,
+            |reply| !matches!(reply, AttemptReply::Busy { .. }),
+        )
+    }
+
+    fn extend(
+        &self,
+        hold: Hold<'_>,
+        ttl: Duration,
+        replicas: Option<Replicas>,
+        exec: &Exec<'_>,
+    ) -> Result<Answer<ExtendReply>> {
+        let mut calls = vec![
+            hold.kind
+                .extend(hold.keys, hold.token, ttl.as_millis() as u64),
+        ];
+        calls.extend(replicas.map(|r| r.call()));
+        self.answer(
+            &hold.keys.lock,
+            &calls,
+            false,
+            replicas,
+            exec,
+            "extending",
+            reply::extend,
+            |r| *r == ExtendReply::Extended,
+        )?
+        .ok_or_else(no_connection)
+    }
+
+    fn release(
+        &self,
+        hold: Hold<'_>,
+        _ttl: Duration,
+        withdraw: bool,
+        exec: &Exec<'_>,
+    ) -> Result<ReleaseReply> {
+        let handoff = token::new_token("handoff");
+        let call = hold
+            .kind
+            .release(hold.keys, hold.token, &handoff, self.grace_ms(), withdraw);
+        let replies = self.backend.run(&hold.keys.lock, &[call], exec)?;
+        reply::release(replies.values.into_iter().next())
+    }
+
+    fn queue_renewal(&self, key: &str, item: Item, deadline: Instant) -> Result<Queued> {
+        let node = self.backend.node_for(key, deadline)?;
+        let conduit: Arc<dyn Conduit> = node.clone();
+        let id = Batcher::submit(
+            &node.batcher,
+            Arc::downgrade(&conduit),
+            item,
+            self.backend.io_timeout,
+        )?;
+        Ok(Queued {
+            batcher: Arc::downgrade(&node.batcher),
+            id,
+        })
+    }
+
+    fn is_locked(&self, keys: &LockKeys) -> Result<bool> {
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(&keys.lock);
+        self.query(&keys.lock, &cmd)
+    }
+
+    fn ping(&self) -> Result<()> {
+        self.query::<String>("", &redis::cmd("PING")).map(drop)
+    }
+
+    fn run(&self, key: &str, calls: &[Call], exec: &Exec<'_>) -> Result<Replies> {
+        self.backend.run(key, calls, exec)
+    }
+
+    fn scan(&self, pattern: &str, limit: usize) -> Result<Vec<String>> {
+        self.backend.scan(pattern, limit)
+    }
+
+    fn close_idle(&self) {
+        self.backend.close_idle();
+    }
+}
+
+impl Routed {
+    /// One command on the caller lane, on the server that owns `key`.
+    fn query<T: redis::FromRedisValue>(&self, key: &str, cmd: &redis::Cmd) -> Result<T> {
+        let how = self.backend.exec_on(self.backend.caller_lane(None));
+        let replies = self.backend.run(key, &[Call::cmd(cmd)], &how)?;
+        reply(replies.values.into_iter().next().unwrap_or(Value::Nil))
+    }
+}
+
+fn no_connection() -> Error {
+    Error::new(
+        crate::ErrorKind::Internal,
+        "no connection on a lane that never lacks one",
+    )
+}

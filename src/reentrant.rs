@@ -1,0 +1,103 @@
+//! A held lock as this process has it ([`Held`]: its lease and its renewal, shared by the
+//! guards of its holds), and the registry of the reentrant ones a client holds, so that
+//! another hold of the same owner joins the lease it already has.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use crate::lease::Lease;
+use crate::renewal::Renewal;
+use crate::sync;
+
+/// A held lock as this process has it: its lease and its renewal, shared by the guards of
+/// the holds of one reentrant owner (one guard otherwise).
+pub(crate) struct Held {
+    pub lease: Arc<Lease>,
+    renewal: Mutex<Option<Renewal>>,
+    /// Guards of this process that hold it; changed under the registry's lock when there
+    /// is one.
+    guards: Mutex<usize>,
+    /// The client's reentrant locks, for a reentrant lock.
+    registry: Option<Arc<Registry>>,
+}
+
+impl Held {
+    /// A lock just taken, with its first guard; on `registry` (not yet: see
+    /// [`Registry::insert`]) when it is reentrant.
+    pub fn new(lease: Arc<Lease>, registry: Option<Arc<Registry>>) -> Arc<Held> {
+        Arc::new(Held {
+            lease,
+            renewal: Mutex::new(None),
+            guards: Mutex::new(1),
+            registry,
+        })
+    }
+
+    /// Its renewal, if it has one.
+    pub fn renewal(&self) -> MutexGuard<'_, Option<Renewal>> {
+        sync::lock(&self.renewal)
+    }
+
+    fn guards(&self) -> MutexGuard<'_, usize> {
+        sync::lock(&self.guards)
+    }
+
+    /// The registry it is on, for a reentrant lock.
+    pub fn registry(&self) -> Option<&Arc<Registry>> {
+        self.registry.as_ref()
+    }
+
+    /// One guard less; `true` when it was the last (the lock is then off the registry).
+    pub fn leave(self: &Arc<Self>) -> bool {
+        let Some(registry) = &self.registry else {
+            return true;
+        };
+        let mut map = registry.map();
+        let mut guards = self.guards();
+        *guards = guards.saturating_sub(1);
+        if *guards > 0 {
+            return false;
+        }
+        let token = &self.lease.token;
+        if map
+            .get(token)
+            .is_some_and(|w| w.ptr_eq(&Arc::downgrade(self)))
+        {
+            map.remove(token);
+        }
+        true
+    }
+}
+
+/// The reentrant locks a client holds, by token, so that more holds of one share its lease
+/// and renewal.
+#[derive(Default)]
+pub(crate) struct Registry(Mutex<HashMap<String, Weak<Held>>>);
+
+impl Registry {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Weak<Held>>> {
+        sync::lock(&self.0)
+    }
+
+    /// The lock with `token` as held here, with one more guard; `None` when this process
+    /// does not hold it (any more), or its lease here is over (lost, or its local deadline
+    /// passed): the new hold then gets a lease of its own, from what the server just set.
+    pub fn join(&self, token: &str) -> Option<Arc<Held>> {
+        let map = self.map();
+        let held = map.get(token)?.upgrade()?;
+        let mut guards = held.guards();
+        if *guards == 0 || held.lease.gate_closed() || !held.lease.is_held() {
+            return None;
+        }
+        *guards += 1;
+        drop(guards);
+        Some(held)
+    }
+
+    /// Puts a lock just taken on the registry.
+    pub fn insert(&self, held: &Arc<Held>) {
+        let mut map = self.map();
+        map.retain(|_, w| w.strong_count() > 0);
+        map.insert(held.lease.token.clone(), Arc::downgrade(held));
+    }
+}
