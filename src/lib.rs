@@ -63,6 +63,11 @@ mod scripts;
 mod shared;
 mod stats;
 mod sync;
+#[cfg(test)]
+mod testing;
+// The shared test fixtures name the crate as the integration tests do.
+#[cfg(test)]
+extern crate self as redlease;
 mod tls;
 mod token;
 mod url;

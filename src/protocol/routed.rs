@@ -221,3 +221,62 @@ fn no_connection() -> Error {
         "no connection on a lane that never lacks one",
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::backend::exec::Exec;
+    use crate::core::reply::{AttemptReply, Mode, ReleaseReply};
+    use crate::keys::LockKeys;
+    use crate::kinds::Kind;
+    use crate::lane::Lane;
+    use crate::protocol::{AttemptRequest, Hold};
+    use crate::testing::support::RedisServer;
+
+    /// A hold of a reentrant lock given back twice (a release sent again after its reply
+    /// was lost) must release nothing the second time, even when it names the key's token:
+    /// the owner's other holds still count on the lock.
+    #[test]
+    fn a_reentrant_hold_given_back_twice_releases_nothing_the_second_time() {
+        let server = RedisServer::start();
+        let client = crate::Client::open(&server.url()).unwrap();
+        let lock_server = &client.inner.server;
+        let keys = LockKeys::new("", "ledger").unwrap();
+        let kind = Kind::Reentrant("owner-1".into());
+        let exec = Exec::new(Lane::Urgent, Duration::from_secs(2));
+        let hold = |token| Hold {
+            kind: &kind,
+            keys: &keys,
+            token,
+        };
+        let attempt = |token| {
+            let request = AttemptRequest {
+                hold: hold(token),
+                ttl: Duration::from_secs(10),
+                mode: Mode::Once,
+                grace: Duration::from_secs(1),
+                block: None,
+                exec,
+                replicas: None,
+            };
+            lock_server.attempt(&request).unwrap().unwrap().reply
+        };
+        let release = |token| {
+            lock_server
+                .release(hold(token), Duration::from_secs(10), false, &exec)
+                .unwrap()
+        };
+        assert!(matches!(attempt("t1"), AttemptReply::Granted { .. }));
+        assert!(matches!(attempt("t2"), AttemptReply::Reentered { .. }));
+        assert_eq!(release("t1"), ReleaseReply::HoldReturned);
+        assert_eq!(release("t1"), ReleaseReply::NotHeld);
+        assert_eq!(
+            server.get("ledger").as_deref(),
+            Some("t1"),
+            "the lock is still held"
+        );
+        assert_eq!(release("t2"), ReleaseReply::Released);
+        assert_eq!(server.get("ledger"), None);
+    }
+}
