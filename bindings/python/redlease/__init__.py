@@ -34,9 +34,23 @@ package, then, for a package used from a source checkout, that repository's ``ta
 folders (never the current directory's).
 """
 
+# The modules, each importing only modules above it in this list (no import cycles):
+#
+#   _errors     exceptions, one per C status code
+#   _native     loading libredlease and declaring its functions; its constants
+#   _args       converting Python arguments to what the C ABI takes
+#   _logging    the library's log records, forwarded to the "redlease" logger
+#   _cancel     CancelToken, cancel_all
+#   _kinds      what a Lock holds: the C call that takes a mutex, a permit, a read or write hold
+#   _signals    Ctrl-C during a blocked acquire: the signal catcher
+#   _registry   which Lock each held C handle belongs to: the lost-lock callback, adoption
+#               of acquired handles, early loss reports, the cleanup when a client closes
+#   _locks      Lock, Semaphore, RwLock
+#   _async      AsyncLock, the asyncio face of a Lock
+#   _client     Client
 from ._async import AsyncLock
 from ._cancel import CancelToken, cancel_all, reset_cancel_all
-from ._client import LOST_REASONS, Client, Lock, RwLock, Semaphore
+from ._client import Client
 from ._errors import (
     InternalError,
     InvalidArgumentError,
@@ -49,8 +63,10 @@ from ._errors import (
     RedleaseError,
     ReplicationError,
 )
+from ._locks import Lock, RwLock, Semaphore
 from ._logging import set_log_level
 from ._native import version
+from ._registry import LOST_REASONS
 
 __version__ = "0.2.0"
 

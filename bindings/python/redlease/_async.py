@@ -16,7 +16,7 @@ import threading
 from typing import Any, Callable, Optional, Type, TypeVar
 
 from ._cancel import CancelToken
-from ._client import Lock
+from ._locks import Lock
 
 log = logging.getLogger("redlease")
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from redlease import AsyncLock, LockBusyError, LockNotHeldError, _client
+from redlease import AsyncLock, LockBusyError, LockNotHeldError, _registry
 
 
 async def until(cond, limit=5.0):
@@ -45,7 +45,7 @@ def test_async_with_releases_on_exit_and_lets_exceptions_through(client, r):
                 assert await until(lk.lost.is_set)
 
     asyncio.run(main())
-    assert not _client._LIVE
+    assert not _registry._LIVE
 
 
 def test_async_busy(client):
@@ -65,7 +65,7 @@ def test_async_busy(client):
 
 def test_cancelling_a_task_blocked_on_a_held_lock_ends_it_promptly_holding_nothing(client, r):
     holder = client.acquire("async-cancel", ttl=10.0, wait=0)
-    live_before = set(_client._LIVE)
+    live_before = set(_registry._LIVE)
 
     async def main():
         lk = client.lock_async("async-cancel", wait=None)
@@ -89,7 +89,7 @@ def test_cancelling_a_task_blocked_on_a_held_lock_ends_it_promptly_holding_nothi
 
     lk = asyncio.run(main())
     assert not lk.held
-    assert set(_client._LIVE) == live_before
+    assert set(_registry._LIVE) == live_before
     assert r.zcard("redlease:queue:{async-cancel}") == 0
     assert holder.release() is True
     assert r.exists("async-cancel") == 0, "the release was handed to the cancelled task"
@@ -118,7 +118,7 @@ def test_a_cancellation_racing_a_grant_leaves_nothing_held(client, r):
     outcomes = asyncio.run(main())
     assert "cancelled" in outcomes
     assert r.exists("async-race") == 0
-    assert not _client._LIVE
+    assert not _registry._LIVE
 
 
 def test_tasks_sharing_one_async_lock_take_turns(server, client):
@@ -138,4 +138,4 @@ def test_tasks_sharing_one_async_lock_take_turns(server, client):
 
     assert asyncio.run(main()) == 80
     assert server.redis().exists("async-shared") == 0
-    assert not _client._LIVE
+    assert not _registry._LIVE

@@ -11,7 +11,7 @@ from redlease import (
     InvalidArgumentError,
     InvalidHandleError,
     LockCancelledError,
-    _client,
+    _registry,
 )
 
 
@@ -60,7 +60,7 @@ def test_a_token_ends_a_blocked_acquire_from_another_thread(client, r):
     assert r.zcard("redlease:queue:{cancelled}") == 0
     assert holder.release() is True
     assert r.exists("cancelled") == 0, "the release was handed to a cancelled waiter"
-    assert waiter._last_handle not in _client._LIVE
+    assert waiter._last_handle not in _registry._LIVE
 
 
 def test_a_cancelled_token_stops_later_waits_but_not_single_attempts(client):

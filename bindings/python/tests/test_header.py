@@ -16,7 +16,7 @@ import pytest
 
 import redlease
 from redlease import _errors, _logging, _native
-from redlease._client import LOST_REASONS
+from redlease._registry import LOST_REASONS
 
 HEADER_PATH = Path(__file__).resolve().parents[3] / "include" / "redlease.h"
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import redlease
-from redlease import LockBusyError, _client
+from redlease import LockBusyError, _registry
 
 # An exception escaping a ctypes callback is printed and dropped ("Exception ignored on
 # calling ctypes callback function"), and the library gets an undefined return value.
@@ -42,8 +42,8 @@ CHILD = textwrap.dedent(
             print("acquired", flush=True)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
-        from redlease import _client
-        print("registry", len(_client._LIVE), len(_client._EARLY_LOSS), flush=True)
+        from redlease import _registry
+        print("registry", len(_registry._LIVE), len(_registry._EARLY_LOSS), flush=True)
         time.sleep(0.5)  # still alive while the test checks that nothing is held
         sys.exit(0)
     sys.exit(3)
@@ -157,7 +157,7 @@ def test_a_signal_whose_handler_returns_does_not_end_the_wait(client):
     assert 2.45 <= took < 4.0, f"the wait ended after {took:.3f} s"
     assert not waiter.held and waiter._last_handle == 0
     assert holder.release() is True
-    assert holder._last_handle not in _client._LIVE
+    assert holder._last_handle not in _registry._LIVE
 
 
 def test_a_signal_handler_that_raises_ends_the_wait_with_its_exception(client, r):

@@ -18,8 +18,8 @@ from redlease import (
     LockCancelledError,
     LockNotHeldError,
     RedisServerError,
-    _client,
     _native,
+    _registry,
 )
 
 
@@ -33,7 +33,7 @@ def eventually(cond, limit=5.0):
 
 
 def registry_is_empty():
-    return not _client._LIVE and not _client._EARLY_LOSS
+    return not _registry._LIVE and not _registry._EARLY_LOSS
 
 
 def test_a_semaphore_of_two_admits_two_and_a_release_frees_a_permit(client, r):

@@ -11,12 +11,13 @@ from redlease import (
     InvalidHandleError,
     LockBusyError,
     LockNotHeldError,
-    _client,
+    _locks,
+    _registry,
 )
 
 
 def registry_is_empty():
-    return not _client._LIVE and not _client._EARLY_LOSS
+    return not _registry._LIVE and not _registry._EARLY_LOSS
 
 
 def test_four_threads_share_one_lock_object_and_keep_a_counter_exact(server, client, r):
@@ -208,7 +209,7 @@ def test_a_close_between_the_grant_and_its_bookkeeping_leaves_nothing_registered
     import redlease
 
     c = redlease.Client(server.url)
-    real = _client.lib
+    real = _locks.lib
 
     class CloseAfterTheFencingToken:
         def __getattr__(self, name):
@@ -219,7 +220,7 @@ def test_a_close_between_the_grant_and_its_bookkeeping_leaves_nothing_registered
             c.close()
             return status
 
-    monkeypatch.setattr(_client, "lib", CloseAfterTheFencingToken())
+    monkeypatch.setattr(_locks, "lib", CloseAfterTheFencingToken())
     lk = c.lock("closed-at-adopt", ttl=10.0, wait=0)
     with pytest.raises(InvalidHandleError, match="closed during the acquire"):
         lk.acquire()
@@ -263,15 +264,15 @@ def test_a_lock_finalised_while_close_reads_the_registry_never_makes_close_raise
             drop_one()
             return found
 
-    meddling = Meddling(_client._LIVE)
-    original = _client._LIVE
-    _client._LIVE = meddling
+    meddling = Meddling(_registry._LIVE)
+    original = _registry._LIVE
+    _registry._LIVE = meddling
     try:
         c.close()
     finally:
         original.clear()
         original.update(meddling)
-        _client._LIVE = original
+        _registry._LIVE = original
     assert dropped, "no Lock was finalised during the close"
     assert not meddling, dict(meddling)
     assert not locks or all(not lk.held for lk in locks)
@@ -292,23 +293,23 @@ def test_a_close_waits_for_a_registration_in_progress_before_it_cleans_up(server
     inside = threading.Event()
 
     def registering():
-        with _client._REGISTRY:
+        with _registry._REGISTRY:
             inside.set()
             time.sleep(0.3)
-            _client._LIVE[fake_handle] = weakref.ref(lk)
+            _registry._LIVE[fake_handle] = weakref.ref(lk)
 
     t = threading.Thread(target=registering)
     t.start()
     assert inside.wait(5)
     c.close()
     t.join()
-    assert fake_handle not in _client._LIVE
+    assert fake_handle not in _registry._LIVE
     assert registry_is_empty()
 
 
 FINALISER_CLOSES = """
 import gc, sys, weakref, redlease
-from redlease import _client
+from redlease import _registry
 
 a = redlease.Client(sys.argv[1])
 held = a.acquire("finaliser-closes", ttl=10.0, wait=0)
@@ -321,9 +322,9 @@ class Owner:
 # A collection runs the finaliser (the close) on this thread while it holds the registry
 # lock, as one may inside any of the binding's bookkeeping.
 Owner()
-with _client._REGISTRY:
+with _registry._REGISTRY:
     gc.collect()
-print("closed", held.held, len(_client._LIVE), flush=True)
+print("closed", held.held, len(_registry._LIVE), flush=True)
 """
 
 
@@ -367,7 +368,7 @@ def test_a_loss_reported_after_the_close_leaves_nothing_behind(server, r):
     assert in_handler.wait(5)
     c.close()
     time.sleep(1.5)  # the second report arrives meanwhile
-    assert registry_is_empty(), (dict(_client._LIVE), dict(_client._EARLY_LOSS))
+    assert registry_is_empty(), (dict(_registry._LIVE), dict(_registry._EARLY_LOSS))
     assert not first.held and not second.held
 
 
