@@ -15,7 +15,10 @@ mod layout {
     fn modules(dir: &Path, prefix: &str, out: &mut BTreeMap<String, String>) {
         for entry in std::fs::read_dir(dir).expect("src/ is readable") {
             let path = entry.expect("a directory entry").path();
-            let name = path.file_stem().and_then(|n| n.to_str()).unwrap_or_default();
+            let name = path
+                .file_stem()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
             if path.is_dir() {
                 modules(&path, &format!("{prefix}{name}::"), out);
                 continue;
@@ -82,7 +85,11 @@ mod layout {
     #[test]
     fn the_crates_modules_import_one_another_without_a_circle() {
         let mut code = BTreeMap::new();
-        modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), "", &mut code);
+        modules(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            "",
+            &mut code,
+        );
         let known: BTreeSet<String> = code.keys().cloned().collect();
         let edges: BTreeMap<&str, BTreeSet<String>> = code
             .iter()
@@ -92,7 +99,10 @@ mod layout {
                 (m.as_str(), to)
             })
             .collect();
-        assert!(edges["lease"].contains("core::lease"), "the checker reads imports");
+        assert!(
+            edges["lease"].contains("core::lease"),
+            "the checker reads imports"
+        );
         // Depth-first search for a back edge.
         fn visit<'a>(
             m: &'a str,
@@ -120,7 +130,10 @@ mod layout {
         let mut done = BTreeSet::new();
         for m in edges.keys() {
             if let Some(circle) = visit(m, &edges, &mut Vec::new(), &mut done) {
-                panic!("modules import one another in a circle: {}", circle.join(" -> "));
+                panic!(
+                    "modules import one another in a circle: {}",
+                    circle.join(" -> ")
+                );
             }
         }
     }

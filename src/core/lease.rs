@@ -133,6 +133,17 @@ pub(crate) enum RenewalStep {
     Expired,
 }
 
+/// Where a lease stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Held, as long as the deadline has not passed.
+    Held,
+    /// Lost for good.
+    Lost(LostReason),
+    /// Given back (after a loss, when `lost`).
+    Released { lost: Option<LostReason> },
+}
+
 /// The clock of one held lease (see the module documentation).
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseClock {
@@ -146,8 +157,7 @@ pub(crate) struct LeaseClock {
     start: Instant,
     /// Before this the key surely still holds the token (unless deleted).
     deadline: Instant,
-    lost: Option<LostReason>,
-    released: bool,
+    standing: Standing,
 }
 
 impl LeaseClock {
@@ -160,8 +170,7 @@ impl LeaseClock {
             cap: None,
             start: sent_at,
             deadline: local_deadline(sent_at, leased),
-            lost: None,
-            released: false,
+            standing: Standing::Held,
         }
     }
 
@@ -185,31 +194,35 @@ impl LeaseClock {
         self.start + self.effective_lease() / 3
     }
 
+    /// Why the lock was lost, if it was (also after its release).
     pub fn lost(&self) -> Option<LostReason> {
-        self.lost
+        match self.standing {
+            Standing::Held | Standing::Released { lost: None } => None,
+            Standing::Lost(reason) | Standing::Released { lost: Some(reason) } => Some(reason),
+        }
     }
 
     pub fn released(&self) -> bool {
-        self.released
+        matches!(self.standing, Standing::Released { .. })
     }
 
-    /// Not released, not lost, and the local deadline not passed.
+    /// Held, and the local deadline not passed.
     pub fn is_held(&self, now: Instant) -> bool {
-        !self.released && self.lost.is_none() && now < self.deadline
+        self.standing == Standing::Held && now < self.deadline
     }
 
     /// What is left of the lease: zero once lost or released.
     pub fn remaining(&self, now: Instant) -> Duration {
-        if self.released || self.lost.is_some() {
-            return Duration::ZERO;
+        match self.standing {
+            Standing::Held => self.deadline.saturating_duration_since(now),
+            _ => Duration::ZERO,
         }
-        self.deadline.saturating_duration_since(now)
     }
 
     /// Why the lock may have been unprotected for a while before `now`; `None` while it has
     /// been held without a break.
     pub fn broken(&self, now: Instant) -> Option<Broken> {
-        match self.lost {
+        match self.lost() {
             Some(reason) => Some(Broken::Lost(reason)),
             None if now >= self.deadline => Some(Broken::Outlived),
             None => None,
@@ -217,16 +230,16 @@ impl LeaseClock {
     }
 
     pub fn mark_released(&mut self) {
-        self.released = true;
+        self.standing = Standing::Released { lost: self.lost() };
     }
 
-    /// Records a loss. `true` when this call decided it (the lock was neither lost nor
-    /// released before).
+    /// Records a loss. `true` when this call decided it (the lock was held: neither lost
+    /// nor released before).
     pub fn declare_lost(&mut self, reason: LostReason) -> bool {
-        if self.lost.is_some() || self.released {
+        if self.standing != Standing::Held {
             return false;
         }
-        self.lost = Some(reason);
+        self.standing = Standing::Lost(reason);
         true
     }
 
@@ -236,14 +249,14 @@ impl LeaseClock {
         if now >= self.deadline {
             self.declare_lost(LostReason::Unreachable);
         }
-        self.lost.is_some()
+        self.lost().is_some()
     }
 
     /// A re-entry of a reentrant lock set the key's lease to `leased` by a request written
     /// at `sent_at`, and asks for renewals of at least `ttl` from now on: the deadline
     /// moves on if that is later, never back.
     pub fn reentered(&mut self, ttl: Duration, leased: Duration, sent_at: Instant) {
-        if self.lost.is_some() || self.released {
+        if self.standing != Standing::Held {
             return;
         }
         self.ttl = self.ttl.max(ttl);
@@ -259,7 +272,7 @@ impl LeaseClock {
     /// Whether an extend may be sent at `now`: `Err` with the reason when the lock is
     /// lost, or its deadline has passed (the loss is then declared: a loss is final).
     pub fn before_extend(&mut self, now: Instant) -> std::result::Result<(), LostReason> {
-        if let Some(reason) = self.lost {
+        if let Some(reason) = self.lost() {
             return Err(reason);
         }
         if now >= self.deadline {
@@ -278,7 +291,7 @@ impl LeaseClock {
         outcome: ExtendOutcome,
         now: Instant,
     ) -> ExtendVerdict {
-        if let Some(reason) = self.lost {
+        if let Some(reason) = self.lost() {
             // A loss is final, whatever the server says now.
             return ExtendVerdict::Lost {
                 reason,
@@ -334,7 +347,7 @@ impl LeaseClock {
     fn lost_verdict(&mut self, reason: LostReason) -> ExtendVerdict {
         let decided = self.declare_lost(reason);
         ExtendVerdict::Lost {
-            reason: self.lost.unwrap_or(reason),
+            reason: self.lost().unwrap_or(reason),
             decided,
         }
     }
