@@ -9,6 +9,7 @@
 //! declare what they can do ([`Capabilities`]), which the lock builder checks before
 //! anything is sent.
 
+pub(crate) mod calls;
 pub(crate) mod quorum;
 pub(crate) mod routed;
 

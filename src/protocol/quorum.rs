@@ -29,7 +29,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
 use crate::lane::Lane;
-use crate::protocol::{AttemptRequest, Capabilities, Hold, LockServer, Queued};
+use crate::protocol::{AttemptRequest, Capabilities, Hold, LockServer, Queued, calls};
 use crate::token;
 
 /// A Redlock deployment.
@@ -143,13 +143,7 @@ impl LockServer for Quorum {
 
     fn attempt(&self, request: &AttemptRequest<'_>) -> Result<Option<Answer<AttemptReply>>> {
         let Hold { kind, keys, token } = request.hold;
-        let call = kind.attempt(
-            keys,
-            token,
-            request.ttl.as_millis() as u64,
-            Mode::Once,
-            request.grace.as_millis() as u64,
-        );
+        let call = calls::attempt_script(request.hold, request.ttl, Mode::Once, request.grace);
         let start = Instant::now();
         let answers = self.round(
             &keys.lock,
@@ -292,7 +286,7 @@ impl LockServer for Quorum {
 impl Quorum {
     fn release_call(&self, kind: &Kind, keys: &LockKeys, token: &str, withdraw: bool) -> Call {
         let handoff = token::new_token("handoff");
-        let grace_ms = backoff::grace(self.bounds.io).as_millis() as u64;
-        kind.release(keys, token, &handoff, grace_ms, withdraw)
+        let hold = Hold { kind, keys, token };
+        calls::release(hold, &handoff, backoff::grace(self.bounds.io), withdraw)
     }
 }

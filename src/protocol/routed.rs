@@ -13,10 +13,10 @@ use crate::backend::exec::{Exec, Replies};
 use crate::backend::wire::reply;
 use crate::core::acquire::Bounds;
 use crate::core::backoff;
-use crate::core::reply::{self, Answer, AttemptReply, ExtendReply, ReleaseReply};
-use crate::error::{Error, Result};
+use crate::core::reply::{Answer, AttemptReply, ExtendReply, ReleaseReply};
+use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::protocol::{AttemptRequest, Capabilities, Hold, LockServer, Queued};
+use crate::protocol::{AttemptRequest, Capabilities, Hold, LockServer, Queued, calls};
 use crate::token;
 
 /// A deployment whose locks each live on one server.
@@ -27,50 +27,6 @@ pub(crate) struct Routed {
 impl Routed {
     pub fn new(backend: Backend) -> Self {
         Routed { backend }
-    }
-
-    fn grace_ms(&self) -> u64 {
-        backoff::grace(self.backend.io_timeout).as_millis() as u64
-    }
-
-    /// Runs `calls` (after `blocked` leading blocking calls: a script, then `WAIT` when
-    /// replicas must acknowledge) and reads the script's reply with `read`. `wrote` says
-    /// whether a reply stands for a write the replicas must acknowledge; `doing` names it
-    /// for a shortfall. `Ok(None)`: no blocking connection was free, nothing was sent.
-    #[allow(clippy::too_many_arguments)]
-    fn answer<T>(
-        &self,
-        key: &str,
-        calls: &[Call],
-        blocked: bool,
-        replicas: Option<Replicas>,
-        exec: &Exec<'_>,
-        doing: &str,
-        read: impl FnOnce(Option<Value>) -> Result<T>,
-        wrote: impl FnOnce(&T) -> bool,
-    ) -> Result<Option<Answer<T>>> {
-        let Some(replies) = self.backend.exec(key, calls, exec)? else {
-            return Ok(None);
-        };
-        let sent_at = replies.sent_at;
-        let mut values = replies.values.into_iter();
-        if blocked {
-            // The block's own reply: an element, or nil at its timeout. An error there
-            // (the wake list of another type) is the attempt's failure.
-            if let Some(Value::ServerError(e)) = values.next() {
-                return Err(Error::server(&e));
-            }
-        }
-        let reply = read(values.next())?;
-        let unacknowledged = match replicas {
-            Some(replicas) if wrote(&reply) => replicas.shortfall(values.next(), doing),
-            _ => None,
-        };
-        Ok(Some(Answer {
-            reply,
-            sent_at,
-            unacknowledged,
-        }))
     }
 }
 
@@ -99,33 +55,25 @@ impl LockServer for Routed {
     }
 
     fn attempt(&self, request: &AttemptRequest<'_>) -> Result<Option<Answer<AttemptReply>>> {
-        let Hold { kind, keys, token } = request.hold;
-        let mut calls = Vec::with_capacity(3);
-        if let Some(block) = request.block {
-            let mut blpop = redis::cmd("BLPOP");
-            blpop
-                .arg(kind.wake_list(keys))
-                .arg(format!("{:.3}", block.as_secs_f64()));
-            calls.push(Call::blocking(&blpop, block));
-        }
-        calls.push(kind.attempt(
-            keys,
-            token,
-            request.ttl.as_millis() as u64,
+        let calls = calls::attempt(
+            request.hold,
+            request.ttl,
             request.mode,
-            request.grace.as_millis() as u64,
-        ));
-        calls.extend(request.replicas.map(|r| r.call()));
-        self.answer(
-            &keys.lock,
-            &calls,
+            request.grace,
+            request.block,
+            request.replicas,
+        );
+        let key = &request.hold.keys.lock;
+        let Some(replies) = self.backend.exec(key, &calls, &request.exec)? else {
+            return Ok(None);
+        };
+        calls::read_attempt(
+            replies.values,
             request.block.is_some(),
             request.replicas,
-            &request.exec,
-            "acquiring",
-            reply::attempt,
-            |reply| !matches!(reply, AttemptReply::Busy { .. }),
+            replies.sent_at,
         )
+        .map(Some)
     }
 
     fn extend(
@@ -135,22 +83,9 @@ impl LockServer for Routed {
         replicas: Option<Replicas>,
         exec: &Exec<'_>,
     ) -> Result<Answer<ExtendReply>> {
-        let mut calls = vec![
-            hold.kind
-                .extend(hold.keys, hold.token, ttl.as_millis() as u64),
-        ];
-        calls.extend(replicas.map(|r| r.call()));
-        self.answer(
-            &hold.keys.lock,
-            &calls,
-            false,
-            replicas,
-            exec,
-            "extending",
-            reply::extend,
-            |r| *r == ExtendReply::Extended,
-        )?
-        .ok_or_else(no_connection)
+        let calls = calls::extend(hold, ttl, replicas);
+        let replies = self.backend.run(&hold.keys.lock, &calls, exec)?;
+        calls::read_extend(replies.values, replicas, replies.sent_at)
     }
 
     fn release(
@@ -161,11 +96,10 @@ impl LockServer for Routed {
         exec: &Exec<'_>,
     ) -> Result<ReleaseReply> {
         let handoff = token::new_token("handoff");
-        let call = hold
-            .kind
-            .release(hold.keys, hold.token, &handoff, self.grace_ms(), withdraw);
+        let grace = backoff::grace(self.backend.io_timeout);
+        let call = calls::release(hold, &handoff, grace, withdraw);
         let replies = self.backend.run(&hold.keys.lock, &[call], exec)?;
-        reply::release(replies.values.into_iter().next())
+        calls::read_release(replies.values)
     }
 
     fn queue_renewal(&self, key: &str, item: Item, deadline: Instant) -> Result<Queued> {
@@ -213,13 +147,6 @@ impl Routed {
         let replies = self.backend.run(key, &[Call::cmd(cmd)], &how)?;
         reply(replies.values.into_iter().next().unwrap_or(Value::Nil))
     }
-}
-
-fn no_connection() -> Error {
-    Error::new(
-        crate::ErrorKind::Internal,
-        "no connection on a lane that never lacks one",
-    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,146 @@
+//! The requests of the lock protocol on one server, and how their replies are read: one
+//! place for what an attempt, an extend and a release send, shared by every deployment
+//! (and by the simulation, which sends them over its own network).
+
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::backend::call::{Call, Replicas};
+use crate::core::reply::{self, Answer, AttemptReply, ExtendReply, Mode, ReleaseReply};
+use crate::error::{Error, Result};
+use crate::protocol::Hold;
+
+/// The calls of one attempt: a block on the wake list for `block` first (the attempt then
+/// runs the moment the block returns), the kind's acquire script, and `WAIT` when replicas
+/// must acknowledge.
+pub(crate) fn attempt(
+    hold: Hold<'_>,
+    ttl: Duration,
+    mode: Mode,
+    grace: Duration,
+    block: Option<Duration>,
+    replicas: Option<Replicas>,
+) -> Vec<Call> {
+    let Hold { kind, keys, .. } = hold;
+    let mut calls = Vec::with_capacity(3);
+    if let Some(block) = block {
+        let mut blpop = redis::cmd("BLPOP");
+        blpop
+            .arg(kind.wake_list(keys))
+            .arg(format!("{:.3}", block.as_secs_f64()));
+        calls.push(Call::blocking(&blpop, block));
+    }
+    calls.push(attempt_script(hold, ttl, mode, grace));
+    calls.extend(replicas.map(|r| r.call()));
+    calls
+}
+
+/// The kind's acquire script alone, for `hold` taken for `ttl` in `mode` (a waiter's
+/// registration living `grace` unrefreshed).
+pub(crate) fn attempt_script(hold: Hold<'_>, ttl: Duration, mode: Mode, grace: Duration) -> Call {
+    hold.kind.attempt(
+        hold.keys,
+        hold.token,
+        ttl.as_millis() as u64,
+        mode,
+        grace.as_millis() as u64,
+    )
+}
+
+/// Reads the replies of [`attempt`]'s calls (`blocked`: a block went first), written at
+/// `sent_at`.
+///
+/// Errors: the server's error (also one answering the block), or a reply of another shape.
+pub(crate) fn read_attempt(
+    values: Vec<Value>,
+    blocked: bool,
+    replicas: Option<Replicas>,
+    sent_at: Instant,
+) -> Result<Answer<AttemptReply>> {
+    answer(
+        values,
+        blocked,
+        replicas,
+        sent_at,
+        "acquiring",
+        reply::attempt,
+        |reply| !matches!(reply, AttemptReply::Busy { .. }),
+    )
+}
+
+/// The calls of one extend of `hold` to `ttl`: the kind's extend script, and `WAIT` when
+/// replicas must acknowledge.
+pub(crate) fn extend(hold: Hold<'_>, ttl: Duration, replicas: Option<Replicas>) -> Vec<Call> {
+    let mut calls = vec![
+        hold.kind
+            .extend(hold.keys, hold.token, ttl.as_millis() as u64),
+    ];
+    calls.extend(replicas.map(|r| r.call()));
+    calls
+}
+
+/// Reads the replies of [`extend`]'s calls, written at `sent_at`.
+pub(crate) fn read_extend(
+    values: Vec<Value>,
+    replicas: Option<Replicas>,
+    sent_at: Instant,
+) -> Result<Answer<ExtendReply>> {
+    answer(
+        values,
+        false,
+        replicas,
+        sent_at,
+        "extending",
+        reply::extend,
+        |reply| *reply == ExtendReply::Extended,
+    )
+}
+
+/// The release of `hold` (or, `withdraw`, a waiter's withdrawal); a mutex handed to a
+/// waiter goes under `handoff` until the waiter takes it, for at most `grace`.
+pub(crate) fn release(hold: Hold<'_>, handoff: &str, grace: Duration, withdraw: bool) -> Call {
+    hold.kind.release(
+        hold.keys,
+        hold.token,
+        handoff,
+        grace.as_millis() as u64,
+        withdraw,
+    )
+}
+
+/// Reads the reply of [`release`]'s call.
+pub(crate) fn read_release(values: Vec<Value>) -> Result<ReleaseReply> {
+    reply::release(values.into_iter().next())
+}
+
+/// Reads a script's reply after `blocked` leading blocking calls, then the `WAIT` reply
+/// when `wrote` says the reply stands for a write the replicas must acknowledge.
+fn answer<T>(
+    values: Vec<Value>,
+    blocked: bool,
+    replicas: Option<Replicas>,
+    sent_at: Instant,
+    doing: &str,
+    read: impl FnOnce(Option<Value>) -> Result<T>,
+    wrote: impl FnOnce(&T) -> bool,
+) -> Result<Answer<T>> {
+    let mut values = values.into_iter();
+    if blocked {
+        // The block's own reply: an element, or nil at its timeout. An error there (the
+        // wake list of another type) is the attempt's failure.
+        if let Some(Value::ServerError(e)) = values.next() {
+            return Err(Error::server(&e));
+        }
+    }
+    let reply = read(values.next())?;
+    let unacknowledged = match replicas {
+        Some(replicas) if wrote(&reply) => replicas.shortfall(values.next(), doing),
+        _ => None,
+    };
+    Ok(Answer {
+        reply,
+        sent_at,
+        unacknowledged,
+    })
+}
