@@ -56,6 +56,8 @@ mod process;
 mod redlock;
 mod renewal;
 mod scripts;
+#[cfg(test)]
+mod sim;
 mod stats;
 mod tls;
 mod token;
