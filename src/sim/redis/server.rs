@@ -7,6 +7,11 @@
 //!   blocked commands time out on the server's wall clock, which is virtual time plus an
 //!   offset of its own ([`Server::set_clock_offset`]). [`Server::next_timer`] says when
 //!   something will next happen on its own.
+//! - As in Redis 7.0, a blocked command's timeout is only noticed when the server's event
+//!   loop turns: at its own wake-ups (every 100 ms, `hz 10`, at multiples of the interval in
+//!   virtual time; [`Server::set_wakeup_interval`]) or after it ran the commands of a
+//!   [`Server::submit`]. So a `BLPOP` past its deadline can still be served by a push that
+//!   arrives before the next wake-up, as on a real server.
 //! - [`Server::connect`] opens a connection, [`Server::submit`] delivers a pipeline of
 //!   commands to it: they run at once, in order, until one blocks (`BLPOP`, `WAIT`); the
 //!   rest wait behind it. A connection served by another's `RPUSH` (first come, first
@@ -44,6 +49,9 @@ pub(crate) const DEFAULT_CLOCK_MS: i64 = 1_700_000_000_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ConnectionClosed;
 
+/// How often Redis's event loop wakes on its own (`hz 10`), ms.
+pub(crate) const DEFAULT_WAKEUP_INTERVAL_MS: u64 = 100;
+
 /// The reply a blocked client gets when its server turns replica.
 const UNBLOCKED: &str =
     "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)";
@@ -60,6 +68,8 @@ pub(crate) struct Server {
     clock_offset: i64,
     oom: bool,
     replica: bool,
+    /// The event loop's own wake-ups: at multiples of this, in virtual ms.
+    wakeup_interval: u64,
     /// Bumped by a restart, a promotion or a turn to replica: a replication link that
     /// sees it change resynchronises.
     epoch: u64,
@@ -85,6 +95,7 @@ impl Server {
             clock_offset: DEFAULT_CLOCK_MS,
             oom: false,
             replica: false,
+            wakeup_interval: DEFAULT_WAKEUP_INTERVAL_MS,
             epoch: 0,
             keyspace: Keyspace::default(),
             scripting: Scripting::new(),
@@ -136,43 +147,76 @@ impl Server {
         self.replica
     }
 
-    /// Moves virtual time to `now_ms` (never back), then deletes expired keys (on a
-    /// primary) and times out blocked commands, by the wall clock.
+    /// Sets how often the event loop wakes on its own (at least 1 ms).
+    pub(crate) fn set_wakeup_interval(&mut self, ms: u64) {
+        self.wakeup_interval = ms.max(1);
+    }
+
+    /// Moves virtual time to `now_ms` (never back): the event loop's wake-ups on the way
+    /// time out the blocked commands past their deadline (by the wall clock then), then
+    /// expired keys are deleted (on a primary).
     pub(crate) fn advance(&mut self, now_ms: u64) {
-        self.now = self.now.max(now_ms);
+        let target = self.now.max(now_ms);
+        while let Some(wakeup) = self.next_wakeup().filter(|&w| w <= target) {
+            self.now = wakeup;
+            self.expire_keys();
+            self.time_out_blocked();
+        }
+        self.now = target;
+        self.expire_keys();
+    }
+
+    /// The next virtual instant at which something happens on its own: a key expires (on a
+    /// primary) or the event loop wakes to time out a blocked command. Never before now.
+    pub(crate) fn next_timer(&self) -> Option<u64> {
+        let expiry = if self.replica {
+            None
+        } else {
+            // Due once the clock is past it.
+            self.keyspace
+                .next_expiry()
+                .map(|at| self.to_virtual(at.saturating_add(1)))
+        };
+        [expiry, self.next_wakeup()].into_iter().flatten().min()
+    }
+
+    /// The first wake-up of the event loop (now or later) at which a blocked command has
+    /// timed out.
+    fn next_wakeup(&self) -> Option<u64> {
+        let due = self.to_virtual(blocking::next_deadline(&self.conns)?.saturating_add(1));
+        Some(
+            due.div_ceil(self.wakeup_interval)
+                .saturating_mul(self.wakeup_interval),
+        )
+    }
+
+    /// A wall-clock instant in virtual time (never before now).
+    fn to_virtual(&self, wall: i64) -> u64 {
+        let virtual_ms = wall.saturating_sub(self.clock_offset);
+        u64::try_from(virtual_ms).unwrap_or(0).max(self.now)
+    }
+
+    fn expire_keys(&mut self) {
         self.set_clock();
         self.keyspace.expire_due();
         self.after_command(None);
+    }
+
+    /// Answers the blocked commands past their deadline (`BLPOP` nil, `WAIT` the count so
+    /// far) and runs what waited behind them.
+    fn time_out_blocked(&mut self) {
         let now = self.wall_clock_ms();
         for id in blocking::timed_out(&self.conns, now) {
-            let count = |offset| self.count_acks(offset);
-            let Some(conn) = self.conns.get(&id) else {
-                continue;
-            };
-            let reply = match conn.block.as_ref().map(|b| &b.on) {
-                Some(Blocked::Wait { offset, .. }) => Reply::Int(count(*offset)),
+            let reply = match self.conns.get(&id).and_then(|c| c.block.as_ref()) {
+                Some(Block {
+                    on: Blocked::Wait { offset, .. },
+                    ..
+                }) => Reply::Int(self.count_acks(*offset)),
                 _ => Reply::Nil,
             };
             self.unblock(id, reply);
         }
         self.run_unblocked();
-    }
-
-    /// The next virtual instant at which something happens on its own: a key expires (on a
-    /// primary) or a blocked command times out. It is never before now.
-    pub(crate) fn next_timer(&self) -> Option<u64> {
-        let expiry = if self.replica {
-            None
-        } else {
-            self.keyspace.next_expiry()
-        };
-        let wall = [expiry, blocking::next_deadline(&self.conns)]
-            .into_iter()
-            .flatten()
-            .min()?;
-        // Due once the clock is past it.
-        let virtual_ms = wall.saturating_add(1).saturating_sub(self.clock_offset);
-        Some(u64::try_from(virtual_ms).unwrap_or(0).max(self.now))
     }
 
     /// Opens a connection.
@@ -189,8 +233,9 @@ impl Server {
     }
 
     /// Delivers a pipeline of commands to a connection. They run at once, in order, at
-    /// the current time, until one blocks; the rest run when it returns. Replies (on this
-    /// and other connections) are then ready to take.
+    /// the current time, until one blocks; the rest run when it returns. Then blocked
+    /// commands past their deadline time out (the event loop's turn). Replies (on this and
+    /// other connections) are then ready to take.
     pub(crate) fn submit(
         &mut self,
         conn: ConnId,
@@ -200,6 +245,8 @@ impl Server {
         connection.pending.extend(commands);
         self.run(conn);
         self.run_unblocked();
+        // The event loop turns after the commands it read: timeouts it finds now.
+        self.time_out_blocked();
         Ok(())
     }
 
@@ -226,6 +273,11 @@ impl Server {
     /// Whether a connection has a blocked command.
     pub(crate) fn is_blocked(&self, conn: ConnId) -> bool {
         self.conns.get(&conn).is_some_and(|c| c.block.is_some())
+    }
+
+    /// The deadline of a connection's blocked command (wall clock, ms), if it has one.
+    pub(crate) fn block_deadline(&self, conn: ConnId) -> Option<i64> {
+        self.conns.get(&conn)?.block.as_ref()?.deadline
     }
 
     /// Drops a connection: its blocked command and those waiting behind it never run, its

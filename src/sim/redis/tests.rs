@@ -345,26 +345,59 @@ fn a_list_pushed_and_deleted_by_one_script_serves_nobody() {
 }
 
 #[test]
-fn blpop_times_out_in_virtual_time_and_a_disconnect_drops_it() {
+fn blpop_times_out_at_the_event_loops_next_wakeup_and_a_disconnect_drops_it() {
     let mut s = server();
     let (a, b, pusher) = (s.connect(), s.connect(), s.connect());
     s.advance(1000);
     s.submit(a, [command(&["BLPOP", "q", "0.25"]), command(&["PING"])])
         .expect("a");
     s.submit(b, [command(&["BLPOP", "q", "0"])]).expect("b");
-    assert_eq!(s.next_timer(), Some(1251));
-    s.advance(1250);
+    // Past its deadline (1250) at 1251, but Redis notices at its next wake-up (1300).
+    assert_eq!(s.block_deadline(a), Some(DEFAULT_CLOCK_MS + 1250));
+    assert_eq!(s.next_timer(), Some(1300));
+    s.advance(1299);
     assert!(s.take_replies(a).is_empty());
-    s.advance(1251);
+    s.advance(1300);
     assert_eq!(
         s.take_replies(a),
         vec![Value::Nil, Value::SimpleString("PONG".into())]
     );
     assert_eq!(s.next_timer(), None);
+    // With a wake-up every ms, a timeout is noticed as soon as it has passed.
+    s.set_wakeup_interval(1);
+    s.submit(a, [command(&["BLPOP", "q", "0.01"])]).expect("a");
+    assert_eq!(s.next_timer(), Some(1311));
+    s.advance(1311);
+    assert_eq!(s.take_replies(a), vec![Value::Nil]);
     s.disconnect(b);
     assert_eq!(s.submit(b, [command(&["PING"])]), Err(ConnectionClosed));
     query(&mut s, pusher, &["RPUSH", "q", "x"]);
     assert_eq!(query(&mut s, pusher, &["LLEN", "q"]), Value::Int(1));
+}
+
+#[test]
+fn a_blpop_past_its_deadline_is_still_served_by_a_push_before_the_wakeup() {
+    let mut s = server();
+    let (waiter, pusher, late) = (s.connect(), s.connect(), s.connect());
+    s.advance(1000);
+    s.submit(waiter, [command(&["BLPOP", "q", "0.01"])])
+        .expect("waiter");
+    s.advance(1050);
+    assert!(s.is_blocked(waiter));
+    query(&mut s, pusher, &["RPUSH", "q", "x"]);
+    assert_eq!(
+        s.take_replies(waiter),
+        vec![Value::Array(vec![bulk("q"), bulk("x")])]
+    );
+    // Any command the server reads lets it notice a timeout right after that command.
+    s.submit(waiter, [command(&["BLPOP", "q", "0.01"])])
+        .expect("waiter");
+    s.advance(1070);
+    assert_eq!(
+        query(&mut s, late, &["PING"]),
+        Value::SimpleString("PONG".into())
+    );
+    assert_eq!(s.take_replies(waiter), vec![Value::Nil]);
 }
 
 // --- Expiry and clocks ---
@@ -453,8 +486,10 @@ fn a_lagging_replica_applies_writes_after_its_delay_and_wait_counts_it() {
     link.set_delay(1_000);
     query(&mut p, c, &["SET", "late", "1"]);
     p.submit(c, [command(&["WAIT", "1", "100"])]).expect("wait");
-    assert_eq!(p.next_timer(), Some(161));
-    p.advance(161);
+    assert_eq!(p.next_timer(), Some(200));
+    p.advance(199);
+    assert!(p.take_replies(c).is_empty());
+    p.advance(200);
     assert_eq!(p.take_replies(c), vec![Value::Int(0)]);
 }
 
