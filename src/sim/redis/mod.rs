@@ -7,7 +7,7 @@
 //! Connections block in `BLPOP` and `WAIT`; a primary streams its writes to replicas that
 //! apply them after a delay ([`ReplicaLink`]); a replica can be promoted; a server can
 //! restart without persistence or run out of memory. [`Server`] says how a simulation drives
-//! it.
+//! it, and `differential.rs` holds the test that keeps it equal to a real `redis-server`.
 //!
 //! Files, by concept: [`reply`] (replies and their texts), [`args`] (how Redis reads
 //! numbers), [`keyspace`] (keys, types, expiry), [`strings`], [`keys`], [`lists`],
@@ -32,6 +32,10 @@ mod server;
 mod strings;
 mod zsets;
 
+#[cfg(test)]
+mod differential;
+#[cfg(test)]
+mod real;
 #[cfg(test)]
 mod tests;
 
