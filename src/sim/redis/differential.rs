@@ -702,11 +702,23 @@ impl Generator {
                 Rule::Exact,
             ),
             ("return tonumber(ARGV[1]) * 2", Rule::Exact),
+            (
+                "redis.call('SET', KEYS[1], ARGV[1] / 3)\nreturn redis.call('GET', KEYS[1])",
+                Rule::Exact,
+            ),
+            (
+                "redis.call('SET', KEYS[1], 'v')\nredis.call('PEXPIRE', KEYS[1], ARGV[1])\nreturn {redis.call('EXISTS', KEYS[1]), redis.call('PTTL', KEYS[1])}",
+                Rule::Exact,
+            ),
+            (
+                "return {type(coroutine), type(unpack), type(loadstring), type(math.huge), _VERSION}",
+                Rule::Exact,
+            ),
         ];
         let (body, rule) = self.pick(probes);
         let key = self.any_key();
         let arg = self
-            .pick(&["1", "1.5", "x", "-2", "1e20", "100"])
+            .pick(&["1", "1.5", "x", "-2", "1e20", "100", "0", "0.1"])
             .to_owned();
         (vec!["EVAL".into(), body.into(), "1".into(), key, arg], rule)
     }
