@@ -49,6 +49,9 @@ const WAKEUP_MS: i64 = 100;
 const A: usize = 0;
 const B: usize = 1;
 const C: usize = 2;
+const D: usize = 3;
+/// The connections that block in `BLPOP` between steps.
+const WAITERS: [usize; 2] = [B, D];
 
 /// How two replies are compared.
 #[derive(Clone, Copy, Debug)]
@@ -311,9 +314,29 @@ impl Generator {
         script_call(name, script, keys, args, by_sha)
     }
 
-    /// `BLPOP` on B, with a waiter's `ACQUIRE` (mode 2, token `t3`) pipelined behind it
-    /// more often than not.
-    fn blpop_b(&mut self) -> Step {
+    /// `BLPOP` on a waiter connection, with a waiter's `ACQUIRE` (mode 2) of `token`
+    /// pipelined behind it when there is a token.
+    fn blpop_on(&mut self, who: usize, key: &str, timeout: &str, token: Option<&str>) -> Step {
+        let mut commands = vec![(command(&["BLPOP", key, timeout]), Rule::Exact)];
+        let mut label = format!("BLPOP {key} {timeout}");
+        if let Some(token) = token {
+            let grace = self.grace();
+            let mut acquire = vec!["EVAL", &ACQUIRE.code, "5"];
+            acquire.extend(&LOCK[..5]);
+            acquire.extend([token, "1000", "604800000", "2", &grace]);
+            commands.push((command(&acquire), Rule::Script));
+            label.push_str(&format!(" + <ACQUIRE> {token} 1000 mode 2 grace {grace}"));
+        }
+        Step::Send {
+            who,
+            commands,
+            label,
+            fallback: None,
+        }
+    }
+
+    /// A random `BLPOP` on a waiter connection.
+    fn blpop(&mut self, who: usize) -> Step {
         let key = self.pick(&[
             "{L}:wake",
             "{L}:wake",
@@ -323,22 +346,12 @@ impl Generator {
             "k1",
         ]);
         let timeout = self.pick(&["0.1", "0.3", "1", "2", "0"]);
-        let mut commands = vec![(command(&["BLPOP", key, timeout]), Rule::Exact)];
-        let mut label = format!("BLPOP {key} {timeout}");
-        if self.chance(60) {
-            let grace = self.grace();
-            let mut acquire = vec!["EVAL", &ACQUIRE.code, "5"];
-            acquire.extend(&LOCK[..5]);
-            acquire.extend(["t3", "1000", "604800000", "2", &grace]);
-            commands.push((command(&acquire), Rule::Script));
-            label.push_str(&format!(" + <ACQUIRE> t3 1000 mode 2 grace {grace}"));
-        }
-        Step::Send {
-            who: B,
-            commands,
-            label,
-            fallback: None,
-        }
+        let token = if self.chance(60) {
+            Some(self.pick(&["t2", "t3"]))
+        } else {
+            None
+        };
+        self.blpop_on(who, key, timeout, token)
     }
 
     /// A coherent burst of steps that walks one primitive through its waiting and handoff
@@ -353,17 +366,32 @@ impl Generator {
         let mut steps = Vec::new();
         match self.rng.u8(..4) {
             0 => {
-                // Lock: a holder, a registered waiter blocked with its attempt pipelined,
-                // a release that hands the lock over.
+                // Lock: a holder, two registered waiters blocked (on B and D, in either
+                // order) with their attempts pipelined, a release that hands the lock to
+                // the first, whose release hands it to the second.
+                let holder = "t1";
                 steps.push(self.call(
                     "ACQUIRE",
                     &ACQUIRE,
                     lock5,
                     &[holder, ttl, fence, "0", grace],
                 ));
-                steps.push(self.call("ACQUIRE", &ACQUIRE, lock5, &["t3", ttl, fence, "1", grace]));
-                if self.chance(80) {
-                    steps.push(self.blpop_b());
+                let order = if self.chance(50) {
+                    [(B, "t2"), (D, "t3")]
+                } else {
+                    [(D, "t3"), (B, "t2")]
+                };
+                for (who, token) in order {
+                    steps.push(self.call(
+                        "ACQUIRE",
+                        &ACQUIRE,
+                        lock5,
+                        &[token, ttl, fence, "1", grace],
+                    ));
+                    if self.chance(85) {
+                        let timeout = self.pick(&["1", "2", "0"]);
+                        steps.push(self.blpop_on(who, LOCK[2], timeout, Some(token)));
+                    }
                 }
                 if self.chance(30) {
                     steps.push(Step::Sleep(self.rng.u64(1..40)));
@@ -378,14 +406,22 @@ impl Generator {
                 let next = self.pick(&["t3", "g1", holder]);
                 let mode = self.pick(&["1", "2", "3"]);
                 steps.push(self.call("ACQUIRE", &ACQUIRE, lock5, &[next, ttl, fence, mode, grace]));
+                let first = order[0].1;
                 if self.chance(50) {
-                    steps.push(self.call("EXTEND", &EXTEND, &[LOCK[0]], &["t3", ttl]));
+                    steps.push(self.call("EXTEND", &EXTEND, &[LOCK[0]], &[first, ttl]));
                 }
                 steps.push(self.call(
                     "RELEASE",
                     &RELEASE,
                     &release4,
-                    &["t3", "g2", "200", grace, "0"],
+                    &[first, "g2", "200", grace, "0"],
+                ));
+                let second = order[1].1;
+                steps.push(self.call(
+                    "RELEASE",
+                    &RELEASE,
+                    &release4,
+                    &[second, "g1", "200", grace, "1"],
                 ));
             }
             1 => {
@@ -404,6 +440,14 @@ impl Generator {
                 steps.push(acquire(self, "t3", "1"));
                 if self.chance(70) {
                     steps.push(send(B, &[s("BLPOP"), s(SEM[2]), s("1")], None, Rule::Exact));
+                }
+                if self.chance(50) {
+                    steps.push(send(
+                        D,
+                        &[s("BLPOP"), s(SEM[2]), s("0.3")],
+                        None,
+                        Rule::Exact,
+                    ));
                 }
                 let sem_release = [SEM[0], SEM[2], SEM[3]];
                 steps.push(self.call(
@@ -439,6 +483,7 @@ impl Generator {
                 if self.chance(70) {
                     let wake = self.pick(&[RW[5], RW[2]]);
                     steps.push(send(B, &[s("BLPOP"), s(wake), s("1")], None, Rule::Exact));
+                    steps.push(send(D, &[s("BLPOP"), s(RW[5]), s("1")], None, Rule::Exact));
                 }
                 let other = if holder == "t1" { "t2" } else { "t1" };
                 steps.push(acquire(self, other, "1", "w"));
@@ -733,8 +778,9 @@ struct Run {
     start: Instant,
     clock_offset: i64,
     history: Vec<String>,
-    /// The rules of B's commands whose replies are still to come.
-    b_waiting: VecDeque<Rule>,
+    /// For each connection, the rules of its commands whose replies are still to come
+    /// (used for the waiters, whose replies come when the model serves them).
+    waiting: Vec<VecDeque<Rule>>,
     /// The model's last reply on A or C.
     last_reply: Value,
     /// How many replies of each kind were compared (printed per seed: what was covered).
@@ -789,8 +835,10 @@ impl Run {
                 _ => {}
             }
         }
-        if let Some(deadline) = self.model.block_deadline(self.model_conns[B]) {
-            windows.push((deadline - MARGIN_MS, deadline + WAKEUP_MS + MARGIN_MS));
+        for who in WAITERS {
+            if let Some(deadline) = self.model.block_deadline(self.model_conns[who]) {
+                windows.push((deadline - MARGIN_MS, deadline + WAKEUP_MS + MARGIN_MS));
+            }
         }
         windows
     }
@@ -833,29 +881,28 @@ impl Run {
         })
     }
 
-    /// Compares B's replies that the model produced with the real server's, and checks
-    /// that the real server sent nothing the model did not.
-    fn check_b(&mut self) -> Result<(), String> {
-        let replies = self.model.take_replies(self.model_conns[B]);
-        if replies.is_empty() {
-            if self.conns[B].has_data() {
-                let real = self.recv(B)?;
-                return Err(self.report(
-                    "B: redis-server replied, the model did not",
-                    &Value::Nil,
-                    &real,
-                ));
+    /// Compares the waiters' replies that the model produced with the real server's, and
+    /// checks that the real server sent nothing the model did not.
+    fn check_waiters(&mut self) -> Result<(), String> {
+        for who in WAITERS {
+            let replies = self.model.take_replies(self.model_conns[who]);
+            if replies.is_empty() {
+                if self.conns[who].has_data() {
+                    let real = self.recv(who)?;
+                    let what = format!("{}: redis-server replied, the model did not", name(who));
+                    return Err(self.report(&what, &Value::Nil, &real));
+                }
+                continue;
             }
-            return Ok(());
-        }
-        for model in replies {
-            let rule = self.b_waiting.pop_front().unwrap_or(Rule::Exact);
-            let real = self.recv(B)?;
-            if !same(rule, &model, &real) {
-                return Err(self.report("B's reply", &model, &real));
+            for model in replies {
+                let rule = self.waiting[who].pop_front().unwrap_or(Rule::Exact);
+                let real = self.recv(who)?;
+                if !same(rule, &model, &real) {
+                    return Err(self.report(&format!("{}'s reply", name(who)), &model, &real));
+                }
+                let script = matches!(rule, Rule::Script).then_some("ACQUIRE");
+                self.note(who, &model, script);
             }
-            let script = matches!(rule, Rule::Script).then_some("ACQUIRE");
-            self.note(B, &model, script);
         }
         Ok(())
     }
@@ -874,8 +921,10 @@ impl Run {
         let kind = match (reply, script) {
             (_, Some(name)) => format!("{name} {}", first(reply)),
             (Value::ServerError(e), None) => format!("error {}", e.code()),
-            (Value::Array(items), None) if who == B && items.len() == 2 => "B served".into(),
-            (Value::Nil, None) if who == B => "B timed out".into(),
+            (Value::Array(items), None) if WAITERS.contains(&who) && items.len() == 2 => {
+                "BLPOP served".into()
+            }
+            (Value::Nil, None) if WAITERS.contains(&who) => "BLPOP timed out".into(),
             (Value::Array(_), None) => "array".into(),
             (Value::Int(_), None) => "integer".into(),
             (Value::Nil, None) => "nil".into(),
@@ -939,7 +988,7 @@ impl Run {
         self.avoid_instants();
         let now = self.elapsed_ms();
         self.model.advance(now);
-        self.check_b()?;
+        self.check_waiters()?;
         self.history
             .push(format!("{now:>7} {}: {label}", name(who)));
         let (cmds, rules): (Vec<Command>, Vec<Rule>) = commands.into_iter().unzip();
@@ -949,9 +998,9 @@ impl Run {
         self.model
             .submit(self.model_conns[who], cmds)
             .expect("the model's connections stay open");
-        if who == B {
-            self.b_waiting.extend(rules);
-            return self.check_b();
+        if WAITERS.contains(&who) {
+            self.waiting[who].extend(rules);
+            return self.check_waiters();
         }
         let mut replies = self.model.take_replies(self.model_conns[who]);
         let give_up = Instant::now() + Duration::from_secs(10);
@@ -984,12 +1033,12 @@ impl Run {
             self.note(who, &model, script.as_deref());
             self.last_reply = model;
         }
-        self.check_b()
+        self.check_waiters()
     }
 }
 
 fn name(who: usize) -> &'static str {
-    ["A", "B", "C"][who]
+    ["A", "B", "C", "D"][who]
 }
 
 /// The number a string starts with (digits), if it is followed by nothing or a space.
@@ -1159,7 +1208,7 @@ fn run_seed(real: &RealServer, seed: u64) -> Result<(), String> {
         assert_eq!(reply, Value::Okay, "{cmd:?}");
     }
     let mut model = Server::new(ServerId(1));
-    let model_conns = vec![model.connect(), model.connect(), model.connect()];
+    let model_conns: Vec<ConnId> = (0..4).map(|_| model.connect()).collect();
     let start = Instant::now();
     let wall_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -1168,13 +1217,13 @@ fn run_seed(real: &RealServer, seed: u64) -> Result<(), String> {
     model.set_clock_offset(wall_ms);
     let mut run = Run {
         seed,
-        conns: vec![real.connect(), real.connect(), real.connect()],
+        conns: (0..4).map(|_| real.connect()).collect(),
         model,
         model_conns,
         start,
         clock_offset: wall_ms,
         history: Vec::new(),
-        b_waiting: VecDeque::new(),
+        waiting: vec![VecDeque::new(); 4],
         last_reply: Value::Nil,
         seen: BTreeMap::new(),
     };
@@ -1196,8 +1245,13 @@ fn run_seed(real: &RealServer, seed: u64) -> Result<(), String> {
             }
         }
         let g = &mut generator;
-        let b_idle = run.b_waiting.is_empty();
-        let b_deadline = run.model.block_deadline(run.model_conns[B]).is_some();
+        let idle: Vec<usize> = WAITERS
+            .into_iter()
+            .filter(|&w| run.waiting[w].is_empty())
+            .collect();
+        let deadline = WAITERS
+            .iter()
+            .any(|&w| run.model.block_deadline(run.model_conns[w]).is_some());
         let step = match g.rng.u8(..100) {
             0..=34 => {
                 let (args, rule) = g.plain();
@@ -1212,11 +1266,14 @@ fn run_seed(real: &RealServer, seed: u64) -> Result<(), String> {
                 let (args, rule) = g.probe();
                 send(A, &args, None, rule)
             }
-            74..=79 if b_idle => {
+            74..=79 if idle.len() == WAITERS.len() => {
                 queue.extend(g.scenario());
                 continue;
             }
-            80..=82 if b_idle => g.blpop_b(),
+            80..=82 if !idle.is_empty() => {
+                let who = g.pick(&idle);
+                g.blpop(who)
+            }
             83 | 84 => {
                 let key = g.pick(&[LOCK[0], SEM[0], RW[0], LOCK[2]]);
                 send(C, &[s("DEL"), s(key)], None, Rule::Exact)
@@ -1236,8 +1293,8 @@ fn run_seed(real: &RealServer, seed: u64) -> Result<(), String> {
                 Step::Oom(true)
             }
             88..=92 => Step::Sleep(g.rng.u64(5..80)),
-            // A blocking command on A could outlast B's deadline and cross its window.
-            93..=96 if b_deadline => Step::Sleep(1),
+            // A blocking command on A could outlast a waiter's deadline and cross its window.
+            93..=96 if deadline => Step::Sleep(1),
             93 | 94 => {
                 let key = g.pick(&["{L}:wake", "k1", "k2", "{S}"]);
                 let timeout = g.pick(&["0.05", "0.2"]);
