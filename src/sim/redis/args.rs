@@ -114,7 +114,7 @@ fn strtod(s: &[u8]) -> Strtod {
         }
         return special(f64::NAN, len);
     }
-    if (starts_with_ignore_case(rest, "0x")) && hex_digits_follow(&rest[2..]) {
+    if starts_with_ignore_case(rest, "0x") && hex_digits_follow(&rest[2..]) {
         let (value, len) = hex_float(&rest[2..]);
         let value = sign * value;
         return Strtod {

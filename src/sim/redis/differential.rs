@@ -871,13 +871,15 @@ impl Run {
         text
     }
 
-    fn recv(&mut self, who: usize) -> Result<Value, String> {
+    /// The real server's next reply on `who`, where the model replied `model` (reported
+    /// if none comes within 5 s).
+    fn recv(&mut self, who: usize, model: &Value) -> Result<Value, String> {
         self.conns[who].recv().map_err(|e| {
-            self.report(
-                &format!("no reply from redis-server on {}: {e}", name(who)),
-                &Value::Nil,
-                &Value::Nil,
-            )
+            let what = format!(
+                "{}: the model replied, redis-server did not ({e})",
+                name(who)
+            );
+            self.report(&what, model, &Value::Nil)
         })
     }
 
@@ -888,7 +890,7 @@ impl Run {
             let replies = self.model.take_replies(self.model_conns[who]);
             if replies.is_empty() {
                 if self.conns[who].has_data() {
-                    let real = self.recv(who)?;
+                    let real = self.recv(who, &Value::Nil)?;
                     let what = format!("{}: redis-server replied, the model did not", name(who));
                     return Err(self.report(&what, &Value::Nil, &real));
                 }
@@ -896,7 +898,7 @@ impl Run {
             }
             for model in replies {
                 let rule = self.waiting[who].pop_front().unwrap_or(Rule::Exact);
-                let real = self.recv(who)?;
+                let real = self.recv(who, &model)?;
                 if !same(rule, &model, &real) {
                     return Err(self.report(&format!("{}'s reply", name(who)), &model, &real));
                 }
@@ -1022,7 +1024,7 @@ impl Run {
             replies.extend(self.model.take_replies(self.model_conns[who]));
         }
         for (model, rule) in replies.into_iter().zip(rules) {
-            let real = self.recv(who)?;
+            let real = self.recv(who, &model)?;
             if !same(rule, &model, &real) {
                 return Err(self.report(&format!("{}'s reply", name(who)), &model, &real));
             }

@@ -335,10 +335,7 @@ pub(crate) fn to_reply(value: &Value, depth: usize) -> Reply {
         Value::Boolean(true) => Reply::Int(1),
         Value::Integer(n) => Reply::Int(*n),
         Value::Number(n) => Reply::Int(truncate(*n)),
-        Value::Table(t) if depth >= MAX_DEPTH => {
-            let _ = t;
-            Reply::error("ERR reached lua stack limit")
-        }
+        Value::Table(_) if depth >= MAX_DEPTH => Reply::error("ERR reached lua stack limit"),
         Value::Table(t) => {
             if let Ok(Value::String(e)) = t.raw_get::<Value>("err") {
                 return Reply::Error(String::from_utf8_lossy(&e.as_bytes()).into_owned());

@@ -14,19 +14,24 @@
 //!   arrives before the next wake-up, as on a real server.
 //! - [`Server::connect`] opens a connection, [`Server::submit`] delivers a pipeline of
 //!   commands to it: they run at once, in order, until one blocks (`BLPOP`, `WAIT`); the
-//!   rest wait behind it. A connection served by another's `RPUSH` (first come, first
-//!   served), or by an acknowledgement, or timed out, runs its waiting commands right after
-//!   the command (or event) that freed it, as Redis does before its next event loop turn.
+//!   rest wait behind it. A blocked `BLPOP` is served when a command leaves elements in its
+//!   list (connections blocked on one key in the order they blocked), right after that
+//!   command; what waited behind it runs once the submitted pipeline has run, as Redis runs
+//!   unblocked clients before its event loop sleeps again. `WAIT` returns when a
+//!   replication link acknowledges enough (see [`super::ReplicaLink`]) or at its timeout.
 //! - [`Server::take_replies`] collects the replies a connection has, in order; any call
-//!   above may have produced replies on any connection
+//!   here (and [`super::ReplicaLink::pump`]) may have produced replies on any connection
 //!   ([`Server::connections_with_replies`]).
 //! - [`Server::disconnect`] drops a connection with its blocked and waiting commands;
 //!   [`Server::restart`] loses everything (no persistence): keys, scripts, connections.
+//!   [`Server::promote`] makes a replica a primary (a failover); [`Server::set_oom`]
+//!   makes commands that add data fail as under `maxmemory`.
 //!
 //! Nothing here reads the real clock, spawns threads or draws random numbers.
 
 use std::collections::{BTreeMap, VecDeque};
 
+use super::args;
 use super::blocking::{self, Block, Blocked, Outcome};
 use super::commands::{Gates, Kind, check_client, check_script};
 use super::connection::{Command, ConnId, Connection};
@@ -34,7 +39,6 @@ use super::keyspace::{Change, Data, Entry, Keyspace};
 use super::replication::Stream;
 use super::reply::{NOT_INTEGER, Reply};
 use super::scripting::Scripting;
-use super::{args, keyspace};
 
 /// A server's name in a simulation (replication links use it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -299,9 +303,13 @@ impl Server {
         self.epoch += 1;
     }
 
-    /// Promotes a replica to primary with whatever it has applied (a failover). Its
-    /// replication link should be dropped; other replicas attach to it anew.
+    /// Promotes a replica to primary with whatever it has applied (a failover); nothing
+    /// for a primary. Its replication link should be dropped; other replicas attach to it
+    /// anew.
     pub(crate) fn promote(&mut self) {
+        if !self.replica {
+            return;
+        }
         self.replica = false;
         self.keyspace.set_replica(false);
         self.stream.reset();
@@ -309,8 +317,8 @@ impl Server {
         self.epoch += 1;
     }
 
-    /// The live keys and their entries (expired ones left out), in key order, for
-    /// checkers.
+    /// The live keys and their entries (expired ones by the clock of the last command or
+    /// [`Server::advance`] left out), in key order, for checkers.
     pub(crate) fn entries(&self) -> impl Iterator<Item = (&[u8], &Entry)> {
         self.keyspace.live()
     }
@@ -528,7 +536,7 @@ impl Server {
     }
 
     /// Applies one unit of the primary's stream.
-    pub(crate) fn apply_replicated(&mut self, changes: &[keyspace::Change]) {
+    pub(crate) fn apply_replicated(&mut self, changes: &[Change]) {
         self.keyspace.apply(changes);
     }
 
@@ -557,6 +565,8 @@ impl Server {
             }
         }
         self.run_unblocked();
+        // The acknowledgement is a command the event loop read: it turns.
+        self.time_out_blocked();
     }
 
     /// Stops counting a replica for `WAIT`.
