@@ -477,7 +477,21 @@ fn a_lagging_replica_applies_writes_after_its_delay_and_wait_counts_it() {
     // The expiry travels as an absolute time of the primary's clock.
     let rc = r.connect();
     assert_eq!(query(&mut r, rc, &["PTTL", "k"]), Value::Int(950));
-    assert!(error_text(&query(&mut r, rc, &["SET", "x", "1"])).starts_with("READONLY"));
+    let readonly = "READONLY You can't write against a read only replica.";
+    assert_eq!(error_text(&query(&mut r, rc, &["SET", "x", "1"])), readonly);
+    assert_eq!(
+        error_text(&query(&mut r, rc, &["BLPOP", "q", "1"])),
+        readonly
+    );
+    assert_eq!(
+        eval(&mut r, rc, "return redis.call('GET', 'k')", &[], &[]),
+        bulk("v")
+    );
+    let sha = super::lua::sha1_hex(b"return redis.call('DEL', 'k')");
+    assert_eq!(
+        error_text(&eval(&mut r, rc, "return redis.call('DEL', 'k')", &[], &[])),
+        format!("{readonly} script: {sha}, on @user_script:1.")
+    );
     assert!(
         error_text(&query(&mut r, rc, &["WAIT", "0", "0"])).starts_with("ERR WAIT cannot be used")
     );
