@@ -73,6 +73,8 @@ enum Rule {
     /// Field/value or member/score pairs in any order (large hashes and timestamp ties
     /// order differently), values as [`Rule::Text`].
     Pairs,
+    /// Members in any order (timestamp ties order differently).
+    Members,
 }
 
 /// One step of a run: commands for one connection (their replies compared), or an
@@ -621,7 +623,7 @@ impl Generator {
                     c.push("WITHSCORES".into());
                     (c, Rule::Pairs)
                 } else {
-                    (c, Rule::Pairs)
+                    (c, Rule::Members)
                 }
             }
             15 => {
@@ -1136,6 +1138,17 @@ fn same(rule: Rule, model: &Value, real: &Value) -> bool {
             _ => model == real,
         },
         Rule::Text => same_text(model, real),
+        Rule::Members => match (model, real) {
+            (Value::Array(m), Value::Array(r)) => {
+                let sorted = |items: &[Value]| {
+                    let mut items: Vec<String> = items.iter().map(|v| format!("{v:?}")).collect();
+                    items.sort();
+                    items
+                };
+                sorted(m) == sorted(r)
+            }
+            _ => model == real,
+        },
         Rule::Pairs => match (model, real) {
             (Value::Array(m), Value::Array(r)) if m.len() == r.len() => {
                 let sorted = |items: &[Value]| {
