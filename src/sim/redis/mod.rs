@@ -35,8 +35,6 @@ mod zsets;
 #[cfg(test)]
 mod differential;
 #[cfg(test)]
-mod real;
-#[cfg(test)]
 mod tests;
 
 pub(crate) use connection::{Command, ConnId, command, from_cmd};
