@@ -7,14 +7,22 @@
 //! Connections block in `BLPOP` and `WAIT`; a primary streams its writes to replicas that
 //! apply them after a delay ([`ReplicaLink`]); a replica can be promoted; a server can
 //! restart without persistence or run out of memory. [`Server`] says how a simulation drives
-//! it, and `differential.rs` holds the test that keeps it equal to a real `redis-server`.
+//! it, and `differential/` holds the test that keeps it equal to a real `redis-server`.
 //!
 //! Files, by concept: [`reply`] (replies and their texts), [`args`] (how Redis reads
 //! numbers), [`keyspace`] (keys, types, expiry), [`strings`], [`keys`], [`lists`],
 //! [`zsets`], [`hashes`] (commands by data type), [`commands`] (the command table and the
 //! checks before a command runs), [`lua`] and [`scripting`] (the Lua bridge and the script
 //! cache), [`blocking`] (`BLPOP`, `WAIT`'s block), [`connection`], [`replication`],
-//! [`server`].
+//! [`server`]; `tests.rs` drives the server as a simulation would.
+//!
+//! Not modelled: other commands and data types, databases other than 0, `MULTI`/`EXEC`,
+//! scripts' shebang flags and `FUNCTION`s, `EVAL_RO`, RESP3 (`redis.setresp(3)`), the
+//! `cjson`, `bit`, `struct` and `cmsgpack` Lua libraries and Redis's deterministic
+//! `math.random`, read-only library tables (only the globals are protected), script time
+//! limits (`BUSY`, `SCRIPT KILL`), eviction policies other than `noeviction`, the order of
+//! large hashes, partial resynchronisation (a link always resynchronises in full), and
+//! replicas that lag in acknowledging what they applied.
 
 mod args;
 mod blocking;
