@@ -61,6 +61,8 @@ mod reentrant;
 mod renewal;
 mod scripts;
 mod shared;
+#[cfg(test)]
+mod sim;
 mod stats;
 mod sync;
 #[cfg(test)]
