@@ -19,27 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions, ErrorKind};
-use support::RedisServer;
 use support::proxy::{Action, Proxy};
+use support::{RedisServer, Rng};
 
 const NAME: &str = "chaos";
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Held {

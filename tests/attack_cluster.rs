@@ -156,13 +156,7 @@ fn waiting_acquires_wait_out_a_long_migration() {
 #[test]
 fn the_least_privilege_user_keeps_a_lock_across_a_migration() {
     let cluster = LocalCluster::start(3, 0);
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let line = readme
-        .lines()
-        .map(str::trim)
-        .find(|l| l.starts_with("ACL SETUSER locker"))
-        .unwrap();
+    let line = support::readme_acl_line();
     for node in &cluster.nodes {
         let mut acl = redis::cmd("ACL");
         for word in line.split_whitespace().skip(1) {

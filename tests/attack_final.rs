@@ -10,16 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use redlease::{Client, ClientOptions, ErrorKind, LostReason};
+use redlease::{Client, ErrorKind, LostReason};
 use support::proxy::{Action, Proxy};
-use support::{RedisServer, eventually, within};
-
-fn options(io_ms: u64) -> ClientOptions {
-    ClientOptions::default()
-        .owner_label("final-attacker")
-        .io_timeout(Duration::from_millis(io_ms))
-        .connect_timeout(Duration::from_millis(io_ms.min(2000)))
-}
+use support::{RedisServer, eventually, options, within};
 
 /// Samples `is_held()` on a thread until `stop`; returns whether it was ever seen false and
 /// then true again (a lease that came back after it had ended).

@@ -11,47 +11,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redlease::{Client, ClientOptions, ErrorKind, LockGuard, LostReason};
+use redlease::{Client, ErrorKind, LockGuard, LostReason};
+use support::Rng as Jitter;
 use support::proxy::{Action, Proxy};
-use support::{RedisServer, eventually, within};
-
-fn client(url: &str) -> Client {
-    Client::open(url).unwrap()
-}
-
-/// A client with short timeouts, for tests under faults.
-fn quick_client(url: &str, io_ms: u64) -> Client {
-    let options = ClientOptions::default()
-        .io_timeout(Duration::from_millis(io_ms))
-        .connect_timeout(Duration::from_millis(io_ms));
-    Client::with_options(url, options).unwrap()
-}
+use support::{RedisServer, client, eventually, max_overlap, now_ns, quick_client, within};
 
 fn exists(server: &RedisServer, key: &str) -> bool {
     server.cmd::<i64>(&["EXISTS", key]) == 1
-}
-
-/// Nanoseconds on the monotonic clock since the first call (shared by every thread).
-fn now_ns() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// The largest number of intervals `(start, end)` that overlap at any instant (touching is
-/// not overlapping).
-fn max_overlap(intervals: &[(u64, u64)]) -> usize {
-    let mut events: Vec<(u64, i32)> = Vec::new();
-    for &(start, end) in intervals {
-        events.push((start, 1));
-        events.push((end, -1));
-    }
-    events.sort_by_key(|&(t, d)| (t, d));
-    let (mut now, mut max) = (0i32, 0i32);
-    for (_, d) in events {
-        now += d;
-        max = max.max(now);
-    }
-    max as usize
 }
 
 /// Whether some interval of `a` overlaps some interval of `b`; the first such pair.
@@ -335,22 +301,6 @@ fn a_thread_owned_reentry_through_a_second_client_is_not_shortened_by_an_extend(
             .try_acquire()
             .map(|g| g.fencing_token())
     );
-}
-
-/// A tiny deterministic random source (xorshift), for jitter in stress tests.
-struct Jitter(u64);
-
-impl Jitter {
-    fn new(seed: u64) -> Self {
-        Jitter(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
 }
 
 /// Attacks the interleaving of the release of the last local guard with a concurrent

@@ -21,19 +21,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions, LockGuard};
-use support::RedisServer;
 use support::proxy::{Action, Proxy};
-
-/// Warms the script cache so that the EVALSHA of the attack is not answered NOSCRIPT.
-fn warm(client: &Client) {
-    let g = client
-        .lock("warm")
-        .ttl(Duration::from_secs(5))
-        .try_acquire()
-        .unwrap();
-    g.extend(Duration::from_secs(5)).unwrap();
-    g.release().unwrap();
-}
+use support::{RedisServer, warm};
 
 /// Another client polls for the lock; returns the guard it got and when.
 fn rival(url: String, name: &'static str) -> std::thread::JoinHandle<Option<(Instant, LockGuard)>> {

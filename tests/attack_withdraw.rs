@@ -13,24 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redlease::{Client, ClientOptions, ErrorKind};
+use redlease::{Client, ErrorKind};
 use support::proxy::{Action, Proxy};
-use support::{RedisServer, eventually, within};
-
-fn options(io_ms: u64) -> ClientOptions {
-    ClientOptions::default()
-        .owner_label("withdraw-attacker")
-        .io_timeout(Duration::from_millis(io_ms))
-        .connect_timeout(Duration::from_millis(io_ms.min(2000)))
-}
-
-/// Loads the acquire, extend and release scripts through `client`, so that a held-back
-/// reply is never a NOSCRIPT one.
-fn warm(client: &Client) {
-    let g = client.lock("warm-scripts").try_acquire().unwrap();
-    g.extend(Duration::from_secs(5)).unwrap();
-    g.release().unwrap();
-}
+use support::{RedisServer, eventually, options, warm, within};
 
 // ---------------------------------------------------------------------------------------
 // Releases and extends racing a renewal queued behind a slow batch

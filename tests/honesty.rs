@@ -11,13 +11,7 @@ use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions, ErrorKind, LostReason};
 use support::proxy::{Action, Proxy};
-use support::{RedisServer, eventually, install_noop_handler, within};
-
-fn options_ms(io: u64, connect: u64) -> ClientOptions {
-    ClientOptions::default()
-        .io_timeout(Duration::from_millis(io))
-        .connect_timeout(Duration::from_millis(connect))
-}
+use support::{RedisServer, eventually, install_noop_handler, options_ms, within};
 
 /// Sends `signal` to `thread` every `every` until `stop` is set.
 fn storm(thread: libc::pthread_t, signal: i32, every: Duration, stop: Arc<AtomicBool>) {

@@ -10,38 +10,7 @@ use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions, ErrorKind};
 use support::proxy::{Action, Proxy};
-use support::{RedisServer, eventually, within};
-
-fn client(url: &str) -> Client {
-    Client::open(url).unwrap()
-}
-
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec; CLOCK_MONOTONIC is shared by every process of the host.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// The largest number of intervals `(start, end)` that overlap at any instant.
-fn max_overlap(intervals: &[(u64, u64)]) -> usize {
-    let mut events: Vec<(u64, i32)> = Vec::new();
-    for &(start, end) in intervals {
-        events.push((start, 1));
-        events.push((end, -1));
-    }
-    // Ends before starts at the same instant: touching is not overlapping.
-    events.sort_by_key(|&(t, d)| (t, d));
-    let (mut now, mut max) = (0i32, 0i32);
-    for (_, d) in events {
-        now += d;
-        max = max.max(now);
-    }
-    max as usize
-}
+use support::{RedisServer, client, eventually, max_overlap, now_ns, within};
 
 #[test]
 fn a_semaphore_admits_at_most_its_permits() {

@@ -8,16 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions, ErrorKind};
-use support::{RedisServer, eventually};
-
-fn client(server: &RedisServer) -> Client {
-    Client::open(&server.url()).expect("client")
-}
+use support::{RedisServer, client, eventually, grant_to_a_vanished_waiter, readme_acl_line};
 
 #[test]
 fn acquire_stores_the_token_with_the_ttl_and_release_deletes_it() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let guard = client
         .lock("order:1001")
         .ttl(Duration::from_secs(10))
@@ -43,7 +39,7 @@ fn acquire_stores_the_token_with_the_ttl_and_release_deletes_it() {
 #[test]
 fn every_acquisition_gets_a_fresh_token() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let mut tokens = BTreeSet::new();
     for _ in 0..20 {
         let guard = client.lock("fresh").try_acquire().unwrap();
@@ -55,7 +51,7 @@ fn every_acquisition_gets_a_fresh_token() {
 #[test]
 fn a_held_lock_is_busy_for_others_until_released() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let guard = client.lock("busy").try_acquire().unwrap();
     let err = client.lock("busy").try_acquire().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
@@ -81,7 +77,7 @@ fn a_held_lock_is_busy_for_others_until_released() {
 #[test]
 fn release_after_expiry_does_not_delete_next_holder() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let a = client
         .lock("timeline")
         .ttl(Duration::from_millis(200))
@@ -118,7 +114,7 @@ fn release_after_expiry_does_not_delete_next_holder() {
 #[test]
 fn dropping_the_guard_releases_the_lock() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     {
         let _guard = client.lock("dropped").try_acquire().unwrap();
         assert!(server.cmd::<bool>(&["EXISTS", "dropped"]));
@@ -129,7 +125,7 @@ fn dropping_the_guard_releases_the_lock() {
 #[test]
 fn a_waiter_is_woken_by_the_release() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let holder = client.lock("wake").try_acquire().unwrap();
     let first = holder.fencing_token();
     let waiter = {
@@ -152,7 +148,7 @@ fn a_waiter_is_woken_by_the_release() {
 #[test]
 fn a_waiter_gets_the_lock_when_a_crashed_holder_expires() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let crashed = client
         .lock("crash")
         .ttl(Duration::from_millis(300))
@@ -172,7 +168,7 @@ fn eight_threads_keep_a_non_atomic_counter_exact() {
     const THREADS: usize = 8;
     const ROUNDS: usize = 500;
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let fences = Arc::new(Mutex::new(Vec::new()));
     let workers: Vec<_> = (0..THREADS)
         .map(|_| {
@@ -229,7 +225,7 @@ fn eight_threads_keep_a_non_atomic_counter_exact() {
 #[test]
 fn script_flush_between_calls_changes_nothing() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let guard = client.lock("flush").renew(false).try_acquire().unwrap();
     server.cmd::<()>(&["SCRIPT", "FLUSH"]);
     guard.extend(Duration::from_secs(5)).unwrap();
@@ -251,7 +247,7 @@ fn script_flush_between_calls_changes_nothing() {
 #[test]
 fn fencing_tokens_strictly_increase_per_name() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let mut last = 0;
     for _ in 0..50 {
         let guard = client.lock("fenced").try_acquire().unwrap();
@@ -291,11 +287,11 @@ fn companion_keys_hash_to_the_lock_key_slot_on_a_real_cluster() {
         "--cluster-config-file",
         conf.to_str().unwrap(),
     ]);
-    let client = client(&server);
+    let client = client(&server.url());
     let mut cluster_conn = cluster.conn();
     for name in ADVERSARIAL_NAMES {
         server.cmd::<()>(&["FLUSHALL"]);
-        make_every_companion_key(&server, &client, name);
+        grant_to_a_vanished_waiter(&server, &client, name);
         let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
             .arg("*")
             .query(&mut server.conn())
@@ -327,49 +323,10 @@ fn companion_keys_hash_to_the_lock_key_slot_on_a_real_cluster() {
     }
 }
 
-/// Leaves every key a lock uses in Redis: the lock (holding a grant nobody took), the
-/// fencing counter, the queue (with a registration that lives on), the wake-up list and the
-/// pending grant. Returns the queue's key.
-fn make_every_companion_key(server: &RedisServer, client: &Client, name: &str) -> Vec<u8> {
-    let holder = client.lock(name).try_acquire().unwrap();
-    // A waiter blocks (so it is registered in the queue), then is cancelled.
-    let cancel = redlease::CancelToken::new();
-    let waiter = {
-        let (client, name, cancel) = (client.clone(), name.to_owned(), cancel.clone());
-        std::thread::spawn(move || client.lock(&name).cancel_token(&cancel).acquire().map(drop))
-    };
-    let queue = || -> Vec<Vec<u8>> {
-        redis::cmd("KEYS")
-            .arg("redlease:queue:*")
-            .query(&mut server.conn())
-            .unwrap()
-    };
-    assert!(
-        eventually(Duration::from_secs(5), || queue().len() == 1),
-        "{name:?}"
-    );
-    let queue = queue().remove(0);
-    // A registration whose waiter is gone but has not lapsed yet...
-    redis::cmd("ZADD")
-        .arg(&queue)
-        .arg(u64::MAX >> 12)
-        .arg("ghost")
-        .query::<()>(&mut server.conn())
-        .unwrap();
-    cancel.cancel();
-    assert_eq!(
-        waiter.join().unwrap().unwrap_err().kind(),
-        ErrorKind::Cancelled
-    );
-    // ...makes the release grant the lock to it.
-    holder.release().unwrap();
-    queue
-}
-
 #[test]
 fn a_release_hands_the_lock_to_the_waiters_in_the_order_they_blocked() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     // A waiter whose wait times out re-blocks at the back of the line, which would change
     // the order legitimately; on a loaded machine that can happen, so such a round is run
     // again (at most three rounds, and at least one must be clean).
@@ -426,8 +383,8 @@ fn fifo_round(server: &RedisServer, client: &Client, name: &str) -> Option<Vec<u
 #[test]
 fn a_grant_nobody_takes_lapses_quickly_and_only_a_waiter_may_take_it() {
     let server = RedisServer::start();
-    let client = client(&server);
-    make_every_companion_key(&server, &client, "pending");
+    let client = client(&server.url());
+    grant_to_a_vanished_waiter(&server, &client, "pending");
     let value: String = server.cmd(&["GET", "pending"]);
     assert!(value.ends_with(":handoff"), "{value}");
     let claim: i64 = server.cmd(&["PTTL", "pending"]);
@@ -464,7 +421,7 @@ fn a_grant_nobody_takes_lapses_quickly_and_only_a_waiter_may_take_it() {
     guard.release().unwrap();
 
     // With no waiter at all, the grant lapses on its own and a plain SET NX gets in.
-    make_every_companion_key(&server, &client, "orphan");
+    grant_to_a_vanished_waiter(&server, &client, "orphan");
     server.cmd::<()>(&["DEL", "redlease:queue:{orphan}"]);
     let lapsed = Instant::now();
     assert!(eventually(Duration::from_secs(5), || {
@@ -483,7 +440,7 @@ fn a_grant_nobody_takes_lapses_quickly_and_only_a_waiter_may_take_it() {
 #[test]
 fn a_handed_over_lock_gets_the_ttl_its_waiter_asked_for() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let holder = client
         .lock("ttls")
         .ttl(Duration::from_secs(5))
@@ -513,7 +470,7 @@ fn a_handed_over_lock_gets_the_ttl_its_waiter_asked_for() {
 #[test]
 fn invalid_input_is_rejected_before_anything_is_sent() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let long = "k".repeat(redlease::MAX_KEY_LEN + 1);
     let cases: Vec<(&str, redlease::Result<redlease::LockGuard>)> = vec![
         ("empty name", client.lock("").try_acquire()),
@@ -747,7 +704,7 @@ fn rediss_urls_connect_over_tls() {
 #[test]
 fn operators_can_inspect_list_and_break_locks() {
     let server = RedisServer::start();
-    let client = client(&server);
+    let client = client(&server.url());
     let free = client.inspect("job:free").unwrap();
     assert_eq!(free.holder, None);
     let guard = client
@@ -778,19 +735,6 @@ fn operators_can_inspect_list_and_break_locks() {
     }
     assert_eq!(guard.release().unwrap_err().kind(), ErrorKind::NotHeld);
     other.release().unwrap();
-}
-
-/// The commands the README's least-privilege ACL line allows (keep the two in step: the
-/// test reads the line from README.md).
-fn readme_acl_line() -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    readme
-        .lines()
-        .find(|l| l.trim_start().starts_with("ACL SETUSER locker"))
-        .expect("the README has an ACL SETUSER locker line")
-        .trim()
-        .to_owned()
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions, ErrorKind};
 use support::proxy::Proxy;
-use support::{RedisServer, within};
+use support::{RedisServer, now_ns, within};
 
 fn primaries(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
@@ -270,15 +270,6 @@ fn contention_worker() {
     let client = Client::redlock(&urls, ClientOptions::default()).unwrap();
     let file = Arc::new(Mutex::new(std::fs::File::create(log).unwrap()));
     let stop = Instant::now() + Duration::from_secs(secs);
-    let now_ns = || {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid timespec; CLOCK_MONOTONIC is shared by every process of the host.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    };
     let threads: Vec<_> = (0..8)
         .map(|t| {
             let (client, file) = (client.clone(), file.clone());

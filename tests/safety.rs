@@ -9,84 +9,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redlease::{CancelToken, Client, ClientOptions, ErrorKind, LockGuard};
+use redlease::{Client, ClientOptions, ErrorKind};
 use support::proxy::{Action, Proxy};
-use support::{RedisServer, eventually, within};
-
-fn client(url: &str) -> Client {
-    Client::open(url).expect("client")
-}
-
-fn quick_client(url: &str) -> Client {
-    let options = ClientOptions::default()
-        .io_timeout(Duration::from_millis(200))
-        .connect_timeout(Duration::from_millis(200));
-    Client::with_options(url, options).expect("client")
-}
-
-/// Polls until `guard` says it no longer holds the lock (at most `limit`), asserting at
-/// every step that while it says so, the server's key still holds its token. The guard is
-/// read first and the key after, and the time between the two readings is allowed for (a
-/// loaded host may take many milliseconds to answer), so the check is exact: the local
-/// deadline must never be later than the key's expiry.
-fn assert_held_only_while_the_key_is_ours(
-    server: &RedisServer,
-    guard: &LockGuard,
-    limit: Duration,
-) {
-    let key = guard.key().to_owned();
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        let asked = Instant::now();
-        let held = guard.is_held();
-        let remaining = guard.remaining();
-        let value: Option<String> = server.cmd(&["GET", &key]);
-        let pttl: i64 = server.cmd(&["PTTL", &key]);
-        let between = asked.elapsed();
-        if !held {
-            return;
-        }
-        // +2 ms: PTTL and `remaining` are rounded to whole milliseconds.
-        assert!(
-            remaining.as_millis() as i64 <= pttl + between.as_millis() as i64 + 2,
-            "the guard believes {remaining:?} are left, the key has {pttl} ms \
-             ({between:?} later)"
-        );
-        if remaining > between + Duration::from_millis(2) {
-            assert_eq!(
-                value.as_deref(),
-                Some(guard.token()),
-                "the guard says held ({remaining:?} left) but the key holds {value:?}"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Makes a release grant `name` to a waiter that is gone: a registration that has not
-/// lapsed yet, its waiter cancelled. Leaves the key holding the grant.
-fn grant_to_a_vanished_waiter(server: &RedisServer, client: &Client, name: &str) {
-    let holder = client.lock(name).try_acquire().unwrap();
-    let cancel = CancelToken::new();
-    let waiter = {
-        let (client, name, cancel) = (client.clone(), name.to_owned(), cancel.clone());
-        std::thread::spawn(move || client.lock(&name).cancel_token(&cancel).acquire().map(drop))
-    };
-    let queue = format!("redlease:queue:{{{name}}}");
-    assert!(eventually(Duration::from_secs(5), || {
-        server.cmd::<i64>(&["ZCARD", &queue]) == 1
-    }));
-    let far = (u64::MAX >> 12).to_string();
-    server.cmd::<()>(&["ZADD", &queue, &far, "ghost"]);
-    cancel.cancel();
-    assert_eq!(
-        waiter.join().unwrap().unwrap_err().kind(),
-        ErrorKind::Cancelled
-    );
-    holder.release().unwrap();
-    let value: String = server.cmd(&["GET", name]);
-    assert!(value.ends_with(":handoff"), "{value}");
-}
+use support::{
+    RedisServer, assert_held_only_while_the_key_is_ours, client, eventually,
+    grant_to_a_vanished_waiter, quick_client, within,
+};
 
 /// Item 1: a wake-up left for a grant whose key then vanished (a foreign `DEL` of a stuck
 /// grant, an eviction) and was taken by a new caller must not make its popper a holder.
@@ -196,7 +124,7 @@ fn a_grant_whose_waiter_vanished_lapses_within_the_grace() {
     let waiter = {
         let url = proxy.url();
         std::thread::spawn(move || {
-            quick_client(&url)
+            quick_client(&url, 200)
                 .lock("vanish")
                 .ttl(Duration::from_secs(60))
                 .acquire_timeout(Duration::from_secs(30))
@@ -274,7 +202,7 @@ fn registrations_of_vanished_waiters_lapse_under_steady_contention() {
         .map(|_| {
             let url = proxy.url();
             std::thread::spawn(move || {
-                quick_client(&url)
+                quick_client(&url, 200)
                     .lock("drift")
                     .acquire_timeout(Duration::from_secs(30))
                     .map(drop)
