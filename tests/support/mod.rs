@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use redlease::{Client, ClientOptions, ErrorKind, LockGuard};
+
 pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
@@ -370,4 +372,188 @@ pub fn stall_batcher(
     );
     std::thread::sleep(Duration::from_millis(30));
     slow
+}
+
+/// A client with the default options.
+pub fn client(url: &str) -> Client {
+    Client::open(url).expect("client")
+}
+
+/// Options with an I/O timeout of `io` and a connect timeout of `connect` milliseconds.
+pub fn options_ms(io: u64, connect: u64) -> ClientOptions {
+    ClientOptions::default()
+        .io_timeout(Duration::from_millis(io))
+        .connect_timeout(Duration::from_millis(connect))
+}
+
+/// A client whose connect and I/O timeouts are both `io_ms`, for tests under faults.
+pub fn quick_client(url: &str, io_ms: u64) -> Client {
+    Client::with_options(url, options_ms(io_ms, io_ms)).expect("client")
+}
+
+/// The options of the tests that hold replies back: an owner label, an I/O timeout of
+/// `io_ms` and a connect timeout of the same, at most 2 s.
+pub fn options(io_ms: u64) -> ClientOptions {
+    options_ms(io_ms, io_ms.min(2000)).owner_label("attacker")
+}
+
+/// Loads the acquire, extend and release scripts through `client`, so that a reply a test
+/// holds back is never a NOSCRIPT one.
+pub fn warm(client: &Client) {
+    let g = client.lock("warm-scripts").try_acquire().unwrap();
+    g.extend(Duration::from_secs(5)).unwrap();
+    g.release().unwrap();
+}
+
+/// Makes a release grant `name` to a waiter that is gone, which leaves every key a lock
+/// uses in Redis: the lock (holding a grant nobody took), the fencing counter, the queue
+/// (with a registration that has not lapsed yet), the wake-up list and the pending grant.
+/// A waiter blocks (so it is registered in the queue) and is cancelled; a registration
+/// with a far score stands for a waiter busy between two attempts, and the release grants
+/// the lock to it. Returns the queue's key.
+pub fn grant_to_a_vanished_waiter(server: &RedisServer, client: &Client, name: &str) -> Vec<u8> {
+    let holder = client.lock(name).try_acquire().unwrap();
+    let cancel = redlease::CancelToken::new();
+    let waiter = {
+        let (client, name, cancel) = (client.clone(), name.to_owned(), cancel.clone());
+        std::thread::spawn(move || client.lock(&name).cancel_token(&cancel).acquire().map(drop))
+    };
+    let queue = || -> Vec<Vec<u8>> {
+        redis::cmd("KEYS")
+            .arg("redlease:queue:*")
+            .query(&mut server.conn())
+            .unwrap()
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || queue().len() == 1),
+        "{name:?}"
+    );
+    let queue = queue().remove(0);
+    // A registration whose waiter is gone but has not lapsed yet...
+    redis::cmd("ZADD")
+        .arg(&queue)
+        .arg(u64::MAX >> 12)
+        .arg("ghost")
+        .query::<()>(&mut server.conn())
+        .unwrap();
+    cancel.cancel();
+    assert_eq!(
+        waiter.join().unwrap().unwrap_err().kind(),
+        ErrorKind::Cancelled
+    );
+    // ...makes the release grant the lock to it.
+    holder.release().unwrap();
+    let value: String = server.cmd(&["GET", name]);
+    assert!(value.ends_with(":handoff"), "{value}");
+    queue
+}
+
+/// Polls until `guard` says it no longer holds the lock (at most `limit`), asserting at
+/// every step that while it says so, the server's key still holds its token. The guard is
+/// read first and the key after, and the time between the two readings is allowed for (a
+/// loaded host may take many milliseconds to answer), so the check is exact: the local
+/// deadline must never be later than the key's expiry.
+pub fn assert_held_only_while_the_key_is_ours(
+    server: &RedisServer,
+    guard: &LockGuard,
+    limit: Duration,
+) {
+    let key = guard.key().to_owned();
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        let asked = Instant::now();
+        let held = guard.is_held();
+        let remaining = guard.remaining();
+        let value: Option<String> = server.cmd(&["GET", &key]);
+        let pttl: i64 = server.cmd(&["PTTL", &key]);
+        let between = asked.elapsed();
+        if !held {
+            return;
+        }
+        // +2 ms: PTTL and `remaining` are rounded to whole milliseconds.
+        assert!(
+            remaining.as_millis() as i64 <= pttl + between.as_millis() as i64 + 2,
+            "the guard believes {remaining:?} are left, the key has {pttl} ms \
+             ({between:?} later)"
+        );
+        if remaining > between + Duration::from_millis(2) {
+            assert_eq!(
+                value.as_deref(),
+                Some(guard.token()),
+                "the guard says held ({remaining:?} left) but the key holds {value:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The line of the README's least-privilege ACL user (`ACL SETUSER locker ...`): tests
+/// run as exactly this user, so the README and what locks need stay in step.
+pub fn readme_acl_line() -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    readme
+        .lines()
+        .find(|l| l.trim_start().starts_with("ACL SETUSER locker"))
+        .expect("the README has an ACL SETUSER locker line")
+        .trim()
+        .to_owned()
+}
+
+/// Nanoseconds on `CLOCK_MONOTONIC`, which every process of the host shares: intervals
+/// logged by several processes can be compared.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec; CLOCK_MONOTONIC is shared by every process of the host.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The largest number of intervals `(start, end)` that overlap at any instant (touching is
+/// not overlapping).
+pub fn max_overlap(intervals: &[(u64, u64)]) -> usize {
+    let mut events: Vec<(u64, i32)> = Vec::new();
+    for &(start, end) in intervals {
+        events.push((start, 1));
+        events.push((end, -1));
+    }
+    // Ends before starts at the same instant: touching is not overlapping.
+    events.sort_by_key(|&(t, d)| (t, d));
+    let (mut now, mut max) = (0i32, 0i32);
+    for (_, d) in events {
+        now += d;
+        max = max.max(now);
+    }
+    max as usize
+}
+
+/// A tiny deterministic random source (xorshift), for jitter and chaos: a seed gives the
+/// same run again.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A source whose state is mixed from `seed` (and never zero).
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// One of `items`.
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
 }

@@ -1,5 +1,5 @@
 /*
- * Tests of the C ABI against a real redis-server (started by tests/c_abi.rs).
+ * Tests of the C ABI against a real redis-server (started by tests/abi/c_programs.rs).
  *
  * Environment: REDIS_URL, REDIS_HOST, REDIS_PORT; REDLEASE_TEST_ROUNDS (per thread in the
  * contention test, default 200). Prints "N passed, M failed" and exits non-zero on failure.

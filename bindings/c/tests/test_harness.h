@@ -6,9 +6,9 @@
  * program's own. Everything here is static (each program is one translation unit); the
  * helpers are static inline so that a program need not use them all.
  *
- * Environment: REDIS_URL, REDIS_HOST, REDIS_PORT (set by tests/c_abi.rs); REDLEASE_TEST_SLOW
- * (set under the sanitizers and valgrind: timing bounds, and the short leases that must
- * survive or lapse on time, are multiplied by it).
+ * Environment: REDIS_URL, REDIS_HOST, REDIS_PORT (set by tests/abi/c_programs.rs);
+ * REDLEASE_TEST_SLOW (set under the sanitizers and valgrind: timing bounds, and the short
+ * leases that must survive or lapse on time, are multiplied by it).
  */
 #ifndef REDLEASE_TEST_HARNESS_H
 #define REDLEASE_TEST_HARNESS_H

@@ -1,8 +1,8 @@
 /*
  * Tests of the other kinds of lock through the C ABI, against a real redis-server (started
- * by tests/c_abi.rs): reentrant locks (lock_acquire_options_t.reentrant), counting
- * semaphores (lock_semaphore_acquire) and read-write locks (lock_rwlock_acquire). Their holds are ordinary lock_t handles, so every lock_t function
- * is checked on them too.
+ * by tests/abi/c_programs.rs): reentrant locks (lock_acquire_options_t.reentrant), counting
+ * semaphores (lock_semaphore_acquire) and read-write locks (lock_rwlock_acquire). Their
+ * holds are ordinary lock_t handles, so every lock_t function is checked on them too.
  *
  * Environment: REDIS_URL, REDIS_HOST, REDIS_PORT; REDLEASE_TEST_SLOW (timing bounds are
  * multiplied by it). Prints "N passed, M failed" and exits non-zero on failure. Shared

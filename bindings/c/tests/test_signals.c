@@ -1,6 +1,6 @@
 /*
  * Signals and cancellation through the C ABI, against a real redis-server (started by
- * tests/c_abi.rs, which runs this program under ASan+UBSan and under valgrind):
+ * tests/abi/c_programs.rs, which runs this program under ASan+UBSan and under valgrind):
  *
  * - a signal never ends a call: waits and acquire/release cycles under SIGUSR1 storms,
  *   with and without SA_RESTART;

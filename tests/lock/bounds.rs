@@ -1,5 +1,6 @@
-//! Attack: documented time bounds, against a server that stops answering (SIGSTOP: the
-//! kernel still accepts connections and requests, nothing is answered).
+//! Every call returns within its documented bound, against a server that stops answering
+//! (SIGSTOP: the kernel still accepts connections and requests, nothing is answered) or a
+//! handshake that never completes.
 //!
 //! Documented (src/lock.rs, src/client.rs, include/redlease.h):
 //! - `try_acquire`: "Bounded by the pool wait, the connect timeout and the I/O timeout."
@@ -7,20 +8,25 @@
 //!   I/O timeouts, and 0.25 s for Redis to end a block)."
 //! - `release`: "Blocking: one round trip, bounded by the I/O timeout." (C: "Blocking (one
 //!   round trip)").
+//!
+//! Bounds that depend on a deployment are with it: `deployments::cluster` (refusals that
+//! last), `deployments::redlock` (a member that never answers).
 
-mod support;
-
+use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions};
-use support::{RedisServer, within};
+
+use crate::support::{self, RedisServer, options_ms, within};
 
 // Long enough for the setup's calls to a running server on a loaded host. Each regression
 // named below still lands past its bound plus the slack: two I/O timeouts take 4 s (against
 // 3.5 s), three past the wait take the wait + 6 s (against the wait + 3.75 s), the 5 s pool
 // wait takes over 5.25 s (against 4.75 s).
 const IO: Duration = Duration::from_secs(2);
+
 const CONNECT: Duration = Duration::from_millis(500);
+
 /// Slack for a busy 2-core machine.
 const SLACK: Duration = Duration::from_secs(1);
 
@@ -192,4 +198,26 @@ fn acquire_timeout_never_waits_for_a_connection_past_its_deadline() {
         "acquire_timeout({wait:?}) returned after {took:?} ({result:?}); documented bound: \
          wait + connect + io + 0.25 s = {bound:?}"
     );
+}
+
+/// Issue 9, item 3: the connect timeout bounds the whole handshake (a server that accepts
+/// TCP and never answers costs one connect timeout, not one per handshake command: the
+/// second URL's `AUTH` and `SELECT` would then take 2 s, as would a handshake bounded by
+/// the I/O timeout).
+#[test]
+fn the_connect_timeout_bounds_the_handshake() {
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    for url in [
+        format!("redis://:pw@127.0.0.1:{port}/0"),
+        format!("redis://u:pw@127.0.0.1:{port}/3"),
+    ] {
+        let client = Client::with_options(&url, options_ms(2000, 1000)).unwrap();
+        let started = Instant::now();
+        let err = client.ping().unwrap_err();
+        let took = started.elapsed();
+        assert!(err.is_unreachable(), "{err}");
+        assert!(took < Duration::from_millis(1800), "{url}: {took:?}");
+    }
+    drop(silent);
 }

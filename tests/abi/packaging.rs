@@ -2,14 +2,13 @@
 //! library's, and the library's log records reach a C log callback (through the C ABI, as a
 //! C program would set it).
 
-mod support;
-
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use redlease::ffi::*;
-use support::RedisServer;
+
+use crate::support::{self, RedisServer};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 

@@ -1,9 +1,9 @@
-//! Attack: many clients contend for one lock through fault-injecting proxies while the
-//! server is paused, scripts are flushed, replies are delayed, dropped and cut. The
-//! invariants checked:
+//! Chaos (ignored: randomised, run by hand with `CHAOS_SEED` and `CHAOS_SECS`): many
+//! clients contend for one lock through fault-injecting proxies while the server is paused,
+//! scripts are flushed, replies are delayed, dropped and cut. The invariants checked:
 //!
-//! - no two callers (redlease or a foreign `SET NX PX` client) believe they hold the lock at
-//!   overlapping moments (a belief interval runs from the return of the acquire to the
+//! - no two callers (redlease or a foreign `SET NX PX` client) believe they hold the lock
+//!   at overlapping moments (a belief interval runs from the return of the acquire to the
 //!   last moment `is_held()` said yes);
 //! - fencing tokens increase with the order of the belief intervals;
 //! - a release reported `NotHeld` was really not held: it did not run while the local view
@@ -12,34 +12,16 @@
 //! - once everyone has stopped, the server holds no key without an expiry but the fencing
 //!   counter, and nothing of the lock lingers past the grace.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions, ErrorKind};
-use support::RedisServer;
-use support::proxy::{Action, Proxy};
+
+use crate::support::proxy::{Action, Proxy};
+use crate::support::{self, RedisServer, Rng};
 
 const NAME: &str = "chaos";
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Held {
@@ -350,7 +332,7 @@ fn run_chaos(run: Duration, seed: u64) {
             let what = if a.fresh && b.fresh {
                 "two holders"
             } else {
-                "an acquire returned Ok for a lease already over (see attack_settle.rs), while another held it"
+                "an acquire returned Ok for a lease already over (see the settle tests in acquire.rs), while another held it"
             };
             problems.push(format!(
                 "{what}: {} [{:?}..{:?}] and {} [{:?}..{:?}]",
@@ -385,14 +367,14 @@ fn seed() -> u64 {
 }
 
 #[test]
-#[ignore = "randomised (timing): run with CHAOS_SEED=n; fails on the settle bug of attack_settle.rs now and then"]
-fn chaos_short() {
+#[ignore = "randomised (timing): run with CHAOS_SEED=n; fails on the settle bug of acquire.rs now and then"]
+fn every_invariant_holds_through_a_short_chaos_run() {
     run_chaos(Duration::from_secs(12), seed());
 }
 
 #[test]
 #[ignore = "slow: CHAOS_SECS (default 120) of chaos"]
-fn chaos_long() {
+fn every_invariant_holds_through_a_long_chaos_run() {
     let secs = std::env::var("CHAOS_SECS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -1,40 +1,100 @@
-//! Attack on d96dcb2 and c0df7ed: extends cut off at the lease's local deadline, and
-//! batched renewals stuck behind a slow batch taken back (withdrawn) by their renewal
-//! thread. Late and dropped replies, releases and extends racing a queued renewal, locks
-//! sharing a batch with a lock whose replies are slow, reentrant holds.
-//!
-//! Three of these tests failed before their fixes (see each one's comment).
+//! Batched renewals: the renewals of one node's locks go out in batches, through one thread
+//! that runs one batch at a time. A batch held up by one lock's slow reply holds up neither
+//! the renewal nor the loss report of another lock: a renewal queued behind it is taken
+//! back (withdrawn) by its renewal thread and sent on its own, also while its holder
+//! releases or extends, or shares the lease between reentrant holds; no renewal goes out
+//! after a release; hundreds of locks of mixed ttls stay renewed; script flushes and a
+//! foreign write in shared batches lose only the overwritten lock.
 //!
 //! Timings are never pass/fail criteria except as generous bounds.
 
-mod support;
-
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redlease::{Client, ClientOptions, ErrorKind};
-use support::proxy::{Action, Proxy};
-use support::{RedisServer, eventually, within};
+use redlease::{Client, ErrorKind, LostReason};
 
-fn options(io_ms: u64) -> ClientOptions {
-    ClientOptions::default()
-        .owner_label("withdraw-attacker")
-        .io_timeout(Duration::from_millis(io_ms))
-        .connect_timeout(Duration::from_millis(io_ms.min(2000)))
+use crate::support::proxy::{Action, Proxy};
+use crate::support::{self, RedisServer, eventually, options, warm, within};
+
+/// One node's renewals go through a single batching thread that runs one batch at a time.
+/// Before the fix, a batch held up by a slow reply (here: lock X's renewal reply is 3 s
+/// late, within the 5 s I/O timeout and within X's own lease) kept every renewal queued
+/// behind it waiting, holding its lock's gate: lock Y, taken meanwhile with a 1.5 s lease
+/// (half of X's stall) on a server that answers Y at once, was neither renewed nor reported
+/// lost at its deadline. Now a renewal that waits in the queue is taken back by its thread
+/// and sent on its own, and a queued one whose cutoff passes is completed unsent.
+///
+/// Promise: a lock's renewal either succeeds or reports the loss on time (at the local
+/// deadline); never a lock neither renewed nor reported lost. Here the server answers, so
+/// it succeeds.
+#[test]
+fn a_slow_batch_of_one_lock_does_not_hold_up_the_renewal_of_another() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
+    // X's first renewal (about 2 s in) runs on the server at once; its reply comes 3 s late.
+    let slow = support::stall_batcher(&proxy, &client, "stall-slow", Duration::from_secs(3));
+    let taken = Instant::now();
+    let quick = client
+        .lock("stall-quick")
+        .ttl(Duration::from_millis(1500))
+        .try_acquire()
+        .unwrap();
+    let lost = quick.lost();
+    let outcome = lost.recv_timeout(Duration::from_secs(4));
+    let late = taken.elapsed();
+    let held_after = quick.is_held();
+    let renewed_on_server = server.pttl("stall-quick");
+    drop(quick);
+    drop(slow);
+    // The server answers Y at once: Y's renewal, stuck behind X's batch, is taken back
+    // and sent on its own, so Y stays held through X's 3 s stall. (Before the fix Y was
+    // reported lost only when X's batch ended, seconds after its deadline.)
+    match outcome {
+        Err(_) => assert!(held_after, "Y neither lost nor held after 4 s"),
+        Ok(reason) => panic!(
+            "Y (1.5 s lease, server answering it at once) was lost ({reason:?}) {late:?} \
+             after it was taken: its renewal waited behind X's batch (server PTTL of Y then: \
+             {renewed_on_server} ms)"
+        ),
+    }
+    assert!(renewed_on_server > 0, "Y's key is gone on the server");
 }
 
-/// Loads the acquire, extend and release scripts through `client`, so that a held-back
-/// reply is never a NOSCRIPT one.
-fn warm(client: &Client) {
-    let g = client.lock("warm-scripts").try_acquire().unwrap();
-    g.extend(Duration::from_secs(5)).unwrap();
-    g.release().unwrap();
+/// As above, but Y's own requests are slow too (its renewal, batched or on its own, gets
+/// no reply before its deadline): Y's loss is reported at its deadline, not when X's slow
+/// batch ends (4 s) nor when Y's own late reply comes (4 s after its renewal).
+#[test]
+fn a_slow_batch_of_one_lock_does_not_hold_up_the_loss_report_of_another() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
+    // X's first renewal (about 2 s in) runs on the server at once; its reply comes 4 s late.
+    let slow = support::stall_batcher(&proxy, &client, "stall-slow", Duration::from_secs(4));
+    let quick = client
+        .lock("stall-quick")
+        .ttl(Duration::from_millis(600))
+        .try_acquire()
+        .unwrap();
+    let taken = Instant::now();
+    // From now on every request about Y gets its reply 4 s late.
+    let _slow_y = proxy.on_request(
+        b"stall-quick",
+        100,
+        Action::DelayReply(Duration::from_secs(4)),
+    );
+    let reason = quick.lost().recv_timeout(Duration::from_secs(8));
+    let late = taken.elapsed();
+    drop(quick);
+    drop(slow);
+    assert!(reason.is_ok(), "Y was never reported lost");
+    // A margin of almost 2 s past the deadline for a loaded host; a loss reported with X's
+    // batch or Y's late reply would come over 3.5 s in.
+    assert!(
+        late < Duration::from_millis(2500),
+        "Y (600 ms lease) was reported lost {late:?} after it was taken"
+    );
 }
-
-// ---------------------------------------------------------------------------------------
-// Releases and extends racing a renewal queued behind a slow batch
-// ---------------------------------------------------------------------------------------
 
 /// Lock Y (1.2 s) is taken while the node's batching thread is stuck for 3 s in lock X's
 /// batch. Y's first renewal (~400 ms in) is queued behind that batch, holding Y's gate; its
@@ -108,6 +168,61 @@ fn an_extend_while_its_renewal_is_queued_behind_a_slow_batch_is_bounded_and_succ
     assert!(outcome.is_err(), "Y lost: {outcome:?}");
     assert!(held && server_pttl > 0, "held {held}, PTTL {server_pttl}");
     released.expect("held without a break");
+}
+
+/// Two reentrant holds of Y (1.2 s, one shared lease) while Y's renewal is queued behind
+/// X's 3 s batch (~600 ms in, between Y's first renewal and its thread's next look): one
+/// hold extends (waiting for the renewal thread to withdraw the queued renewal), the other
+/// hold is released (not the last hold: the gate stays open). Both calls are bounded, Y
+/// stays held and renewed through X's stall, the last release is `Ok`.
+#[test]
+fn reentrant_holds_extend_and_release_while_their_shared_renewal_is_queued() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
+    warm(&client);
+    let slow = support::stall_batcher(&proxy, &client, "reent-slow", Duration::from_secs(3));
+    let owner = "withdraw-attacker-owner-71d0";
+    let hold = || {
+        client
+            .lock("reent-quick")
+            .ttl(Duration::from_millis(1200))
+            .reentrant_as(owner)
+            .try_acquire()
+            .unwrap()
+    };
+    let first = Arc::new(hold());
+    let second = hold();
+    assert_eq!(first.token(), second.token());
+    std::thread::sleep(Duration::from_millis(600));
+    let extender = {
+        let first = first.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            (first.extend(Duration::from_millis(1200)), t.elapsed())
+        })
+    };
+    let t = Instant::now();
+    let released = within(Duration::from_secs(8), move || second.release());
+    let release_took = t.elapsed();
+    let (extended, extend_took) = extender.join().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let held = first.is_held();
+    let owner_now = server.get("reent-quick");
+    let first = Arc::try_unwrap(first).unwrap();
+    let token = first.token().to_owned();
+    let last = first.release();
+    drop(slow);
+    released.expect("a hold of a lock held without a break");
+    extended.expect("Y's server answers");
+    assert!(
+        release_took < Duration::from_millis(1000),
+        "{release_took:?}"
+    );
+    assert!(extend_took < Duration::from_millis(1000), "{extend_took:?}");
+    assert!(held, "the remaining hold lost its lease");
+    assert_eq!(owner_now.as_deref(), Some(token.as_str()));
+    last.expect("the last hold, held without a break");
 }
 
 /// Many acquire/release cycles of short locks, released at varied moments around their
@@ -196,10 +311,6 @@ fn releases_racing_queued_and_withdrawn_renewals_never_let_a_renewal_out_after_t
         "a release took {slowest:?}"
     );
 }
-
-// ---------------------------------------------------------------------------------------
-// Locks that share a batch with a lock whose reply is slow
-// ---------------------------------------------------------------------------------------
 
 /// Lock X and ten locks Y0..Y9, all 900 ms, taken back to back: their renewals fall on the
 /// same instants and share one batch. X's renewal reply is held back 1.5 s (the server
@@ -394,112 +505,61 @@ fn short_locks_stay_renewed_when_nothing_stalls() {
     assert!(lost.is_empty(), "lost without a stall: {lost:?}");
 }
 
-// ---------------------------------------------------------------------------------------
-// Loss reports and reentrant holds
-// ---------------------------------------------------------------------------------------
-
-/// An extend whose reply is held back past the lease's deadline: both the extend's thread
-/// and the renewal thread find the loss. The holder is told once (callback count 1, the
-/// `lost()` channel once) near the deadline; the extend answers `NotHeld`; `is_held()`
-/// stays false after the late reply; the release answers `NotHeld`.
+/// Many locks of different ttls sharing batches; the scripts are flushed (the batched
+/// EVALSHAs come back NOSCRIPT) and one lock's key is overwritten by a foreign write (its
+/// renewal in a batch answers 0). Every other lock stays held and keeps being renewed on
+/// the server; the overwritten one alone is lost, with `NotHeld`.
 #[test]
-fn a_loss_found_by_both_an_extend_and_the_renewal_is_told_once_at_the_deadline() {
+fn a_script_flush_and_a_foreign_write_in_shared_batches_lose_only_the_overwritten_lock() {
     let server = RedisServer::start();
-    let proxy = Proxy::start(server.port);
-    let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
-    warm(&client);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
-    let guard = Arc::new(
-        client
-            .lock("told-once")
-            .ttl(Duration::from_millis(800))
-            .on_lost(move |_| {
-                counted.fetch_add(1, Ordering::SeqCst);
-            })
-            .try_acquire()
-            .unwrap(),
-    );
-    guard.extend(Duration::from_millis(800)).unwrap();
-    let lost = guard.lost();
-    let rule = proxy.on_request(b"1999", 1, Action::DelayReply(Duration::from_secs(2)));
-    let called = Instant::now();
-    let extender = {
-        let guard = guard.clone();
-        std::thread::spawn(move || guard.extend(Duration::from_millis(1999)))
-    };
-    let reason = lost.recv_timeout(Duration::from_secs(4));
-    let lost_at = called.elapsed();
-    let extended = extender.join().unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    let second = lost.try_recv();
-    let held = guard.is_held();
-    let guard = Arc::try_unwrap(guard).unwrap();
-    let released = guard.release();
-    assert_eq!(proxy.matched(rule), 1);
-    assert!(reason.is_ok(), "never told");
-    assert!(lost_at < Duration::from_millis(1500), "told {lost_at:?} in");
-    assert!(second.is_err(), "told twice on the channel");
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "callback count");
-    assert!(
-        matches!(&extended, Err(e) if e.kind() == ErrorKind::NotHeld),
-        "{extended:?}"
-    );
-    assert!(!held);
-    assert!(released.unwrap_err().is_not_held());
-}
-
-/// Two reentrant holds of Y (1.2 s, one shared lease) while Y's renewal is queued behind
-/// X's 3 s batch (~600 ms in, between Y's first renewal and its thread's next look): one
-/// hold extends (waiting for the renewal thread to withdraw the queued renewal), the other
-/// hold is released (not the last hold: the gate stays open). Both calls are bounded, Y
-/// stays held and renewed through X's stall, the last release is `Ok`.
-#[test]
-fn reentrant_holds_extend_and_release_while_their_shared_renewal_is_queued() {
-    let server = RedisServer::start();
-    let proxy = Proxy::start(server.port);
-    let client = Client::with_options(&proxy.url(), options(5000)).unwrap();
-    warm(&client);
-    let slow = support::stall_batcher(&proxy, &client, "reent-slow", Duration::from_secs(3));
-    let owner = "withdraw-attacker-owner-71d0";
-    let hold = || {
-        client
-            .lock("reent-quick")
-            .ttl(Duration::from_millis(1200))
-            .reentrant_as(owner)
-            .try_acquire()
-            .unwrap()
-    };
-    let first = Arc::new(hold());
-    let second = hold();
-    assert_eq!(first.token(), second.token());
-    std::thread::sleep(Duration::from_millis(600));
-    let extender = {
-        let first = first.clone();
-        std::thread::spawn(move || {
-            let t = Instant::now();
-            (first.extend(Duration::from_millis(1200)), t.elapsed())
+    let client = Client::with_options(&server.url(), options(800)).unwrap();
+    // Each renewal after a flush costs a NOSCRIPT and a resend: the shortest lease leaves
+    // 400 ms for it, time enough on a loaded host; every lock is renewed during the 1.5 s.
+    let ttls = [600u64, 750, 900, 1200, 1500, 600, 750, 900];
+    let guards: Vec<_> = ttls
+        .iter()
+        .enumerate()
+        .map(|(i, ttl)| {
+            client
+                .lock(&format!("mix-{i}"))
+                .ttl(Duration::from_millis(*ttl))
+                .try_acquire()
+                .unwrap()
         })
-    };
-    let t = Instant::now();
-    let released = within(Duration::from_secs(8), move || second.release());
-    let release_took = t.elapsed();
-    let (extended, extend_took) = extender.join().unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    let held = first.is_held();
-    let owner_now = server.get("reent-quick");
-    let first = Arc::try_unwrap(first).unwrap();
-    let token = first.token().to_owned();
-    let last = first.release();
-    drop(slow);
-    released.expect("a hold of a lock held without a break");
-    extended.expect("Y's server answers");
-    assert!(
-        release_took < Duration::from_millis(1000),
-        "{release_took:?}"
-    );
-    assert!(extend_took < Duration::from_millis(1000), "{extend_took:?}");
-    assert!(held, "the remaining hold lost its lease");
-    assert_eq!(owner_now.as_deref(), Some(token.as_str()));
-    last.expect("the last hold, held without a break");
+        .collect();
+    let victim = guards[2].lost();
+    for round in 0..6 {
+        let _: String = server.cmd(&["SCRIPT", "FLUSH"]);
+        if round == 2 {
+            let _: String = server.cmd(&["SET", "mix-2", "intruder", "PX", "60000"]);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let reason = victim.recv_timeout(Duration::from_secs(3));
+    assert_eq!(reason, Ok(LostReason::NotHeld));
+    assert_eq!(server.get("mix-2").as_deref(), Some("intruder"));
+    for (i, guard) in guards.iter().enumerate() {
+        if i == 2 {
+            assert!(!guard.is_held());
+            continue;
+        }
+        let key = format!("mix-{i}");
+        assert!(
+            guard.is_held(),
+            "lock {key} (ttl {} ms) lost: {:?}",
+            ttls[i],
+            guard.lost_reason()
+        );
+        assert_eq!(server.get(&key).as_deref(), Some(guard.token()));
+        assert!(server.pttl(&key) > 0);
+    }
+    for (i, guard) in guards.into_iter().enumerate() {
+        let released = guard.release();
+        if i == 2 {
+            assert!(released.unwrap_err().is_not_held());
+        } else {
+            released.unwrap();
+        }
+    }
+    assert_eq!(server.get("mix-2").as_deref(), Some("intruder"));
 }

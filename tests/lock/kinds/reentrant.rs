@@ -1,86 +1,256 @@
-//! Attacks on the lock kinds of issue 15 (reentrant locks, counting semaphores, read-write
-//! locks): interleavings, lost and delayed replies, foreign clients, faults from the proxy,
-//! hostile input. Each test names what it attacks. Seven of them found bugs (each says
-//! "Found:" and what was wrong); they failed on the code they were written against and pass
-//! since the fixes.
+//! Reentrant locks: one owner (the calling thread, or an owner string shared by clients and
+//! processes) takes holds of one acquisition, with one token, one fencing token and one
+//! renewed lease; the lock is released with the last hold. Leases shared between clients,
+//! re-entries joining lost, fixed or expired leases, releases racing re-entries, lost and
+//! late replies, foreign clients and stale holds records, and owners at their limits.
 
-mod support;
-
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions, ErrorKind, LockGuard, LostReason};
-use support::proxy::{Action, Proxy};
-use support::{RedisServer, eventually, within};
 
-fn client(url: &str) -> Client {
-    Client::open(url).unwrap()
+use super::{Jitter, believed, cross_overlap, exists};
+use crate::support::proxy::{Action, Proxy};
+use crate::support::{RedisServer, client, eventually, now_ns, options, quick_client};
+
+/// Issue 15, items 1 and 6: a thread takes a reentrant lock 100 times: one token, one
+/// fencing token, one lease renewed once (not per hold); another thread is refused
+/// meanwhile; the key is released with the 100th release, not before.
+#[test]
+fn a_reentrant_lock_is_taken_100_deep_and_released_with_the_last_hold() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let ttl = Duration::from_secs(1);
+    let guards: Vec<_> = (0..100)
+        .map(|_| {
+            client
+                .lock("deep")
+                .reentrant()
+                .ttl(ttl)
+                .try_acquire()
+                .unwrap()
+        })
+        .collect();
+    let first = &guards[0];
+    assert!(guards.iter().all(|g| g.token() == first.token()));
+    assert!(
+        guards
+            .iter()
+            .all(|g| g.fencing_token() == first.fencing_token())
+    );
+    let stored: Option<String> = server.cmd(&["GET", "deep"]);
+    assert_eq!(
+        stored.as_deref(),
+        Some(first.token()),
+        "GET key still works"
+    );
+    // Another thread (another owner) is refused, and so is a plain mutex.
+    let other = client.clone();
+    let refused = std::thread::spawn(move || {
+        other
+            .lock("deep")
+            .reentrant()
+            .try_acquire()
+            .map(drop)
+            .unwrap_err()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(refused.kind(), ErrorKind::Busy, "{refused}");
+    assert_eq!(
+        client.lock("deep").try_acquire().unwrap_err().kind(),
+        ErrorKind::Busy
+    );
+    // One renewal for the lock, not one per hold: ~3 renewals per ttl (~6 here, ~600 if
+    // each hold renewed).
+    let before = server.calls("evalsha");
+    std::thread::sleep(ttl * 2);
+    let renewals = server.calls("evalsha") - before;
+    assert!(
+        renewals <= 20,
+        "{renewals} renewals in 2 ttls for 100 holds"
+    );
+    assert!(guards.iter().all(|g| g.is_held()));
+    let mut guards = guards;
+    let last = guards.pop().unwrap();
+    for guard in guards {
+        guard.release().unwrap();
+        assert!(server.cmd::<bool>(&["EXISTS", "deep"]));
+    }
+    assert!(last.is_held(), "the holds left share the lease");
+    last.release().unwrap();
+    assert!(!server.cmd::<bool>(&["EXISTS", "deep"]));
+    assert!(
+        !server.cmd::<bool>(&["EXISTS", "redlease:holds:{deep}"]),
+        "the holds record goes with the lock"
+    );
 }
 
-/// A client with short timeouts, for tests under faults.
-fn quick_client(url: &str, io_ms: u64) -> Client {
+/// Issue 15, item 1: a caller-supplied owner is shared by every client that uses it (here
+/// two clients, as two processes would): each takes a hold of the same acquisition, and the
+/// lock is released with the last hold, whichever client gives it back. Another owner is
+/// refused.
+#[test]
+fn a_caller_supplied_owner_reenters_from_another_client() {
+    let server = RedisServer::start();
+    let (a, b) = (client(&server.url()), client(&server.url()));
+    let owner = "job-6f1c0e2a-5d9b-4d1e-9a6e-0c8f6a2b7d11";
+    let first = a.lock("job").reentrant_as(owner).try_acquire().unwrap();
+    let second = b.lock("job").reentrant_as(owner).try_acquire().unwrap();
+    assert_eq!(first.token(), second.token());
+    assert_eq!(first.fencing_token(), second.fencing_token());
+    let stranger = b.lock("job").reentrant_as("someone-else").try_acquire();
+    assert_eq!(stranger.unwrap_err().kind(), ErrorKind::Busy);
+    let info = a.inspect("job").unwrap();
+    assert_eq!(info.reentrant, Some((owner.to_owned(), 2)), "{info:?}");
+    first.release().unwrap();
+    assert!(server.cmd::<bool>(&["EXISTS", "job"]), "one hold is left");
+    assert_eq!(
+        a.inspect("job").unwrap().reentrant,
+        Some((owner.to_owned(), 1))
+    );
+    assert!(second.is_held());
+    second.release().unwrap();
+    assert!(!server.cmd::<bool>(&["EXISTS", "job"]));
+    // Bad owners are refused before anything is sent.
+    for bad in ["".to_owned(), "x".repeat(257)] {
+        let err = a.lock("job").reentrant_as(&bad).try_acquire().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    }
+}
+
+/// Issue 15, item 5: a reentrant lock is a mutex: the same name cannot be a semaphore at
+/// once, and a Redlock client refuses reentrant locks clearly.
+#[test]
+fn reentrant_locks_keep_to_their_kind() {
+    let server = RedisServer::start();
+    let c = client(&server.url());
+    let held = c.lock("mixed").reentrant().try_acquire().unwrap();
+    let err = c.semaphore("mixed", 2).try_acquire().unwrap_err();
+    assert!(err.to_string().contains("another kind"), "{err}");
+    drop(held);
+    let err = c.semaphore("s", 2).reentrant().try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = c.rwlock("rw").read().reentrant().try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let redlock = Client::redlock(&[&server.url()], ClientOptions::default()).unwrap();
+    let err = redlock.lock("r").reentrant().try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+}
+
+/// Attacks the owner's validation and its binary safety: 256 bytes (ASCII or multi-byte)
+/// are accepted, 257 refused before anything is sent; owners that differ only after a
+/// NUL, or that look like the holds record's field names, are distinct owners (the Lua
+/// scripts and the protocol are binary-safe); an owner with NUL re-enters its own lock.
+#[test]
+fn owners_at_the_length_limit_and_with_nul_bytes_are_exact() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let c = client(&proxy.url());
+    let long = "o".repeat(256);
+    let wide = "é".repeat(128);
+    assert_eq!(wide.len(), 256);
+    for owner in [&long, &wide] {
+        let g = c
+            .lock("long-owner")
+            .reentrant_as(owner)
+            .try_acquire()
+            .unwrap();
+        let h = c
+            .lock("long-owner")
+            .reentrant_as(owner)
+            .try_acquire()
+            .unwrap();
+        assert_eq!(
+            c.inspect("long-owner").unwrap().reentrant,
+            Some((owner.clone(), 2))
+        );
+        drop((g, h));
+        assert!(!exists(&server, "long-owner"));
+    }
+    proxy.clear_requests();
+    for bad in ["o".repeat(257), format!("{wide}x"), String::new()] {
+        let err = c
+            .lock("bad-owner")
+            .reentrant_as(&bad)
+            .try_acquire()
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    }
+    assert_eq!(
+        proxy.count_requests(b"bad-owner"),
+        0,
+        "sent before validation"
+    );
+    let nul = "job\0a";
+    let held = c.lock("nul-owner").reentrant_as(nul).try_acquire().unwrap();
+    for other in ["job\0b", "job", "job\0", "job\0a\0", "t", "o", "h:job\0a"] {
+        let err = c
+            .lock("nul-owner")
+            .reentrant_as(other)
+            .try_acquire()
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Busy, "{other:?}: {err}");
+    }
+    let again = c.lock("nul-owner").reentrant_as(nul).try_acquire().unwrap();
+    assert_eq!(again.token(), held.token());
+    assert_eq!(
+        c.inspect("nul-owner").unwrap().reentrant,
+        Some((nul.to_owned(), 2))
+    );
+    drop(held);
+    assert!(exists(&server, "nul-owner"));
+    again.release().unwrap();
+    assert!(!exists(&server, "nul-owner"));
+}
+
+/// Issue 15, items 1 and 6, under faults: a re-entry whose reply is dropped reports an
+/// unknown outcome and withdraws its own hold, so the lock is released with the holds that
+/// were reported (not left held until its ttl); a delayed reply changes nothing.
+#[test]
+fn a_reentry_whose_reply_is_lost_leaves_no_hold_behind() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    // The dropped reply is timed out after 1 s; the delayed one (150 ms) comes well before.
     let options = ClientOptions::default()
-        .io_timeout(Duration::from_millis(io_ms))
-        .connect_timeout(Duration::from_millis(io_ms));
-    Client::with_options(url, options).unwrap()
+        .io_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(1));
+    let client = Client::with_options(&proxy.url(), options).unwrap();
+    let owner = "owner-under-faults-0b7e";
+    let first = client
+        .lock("faulty")
+        .reentrant_as(owner)
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .unwrap();
+    let rule = proxy.on_request(owner.as_bytes(), 1, Action::DropReply);
+    let err = client
+        .lock("faulty")
+        .reentrant_as(owner)
+        .try_acquire()
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(proxy.matched(rule), 1);
+    assert!(err.outcome_unknown(), "{err}");
+    proxy.on_request(
+        owner.as_bytes(),
+        1,
+        Action::DelayReply(Duration::from_millis(150)),
+    );
+    let second = client
+        .lock("faulty")
+        .reentrant_as(owner)
+        .try_acquire()
+        .unwrap();
+    second.release().unwrap();
+    assert!(server.cmd::<bool>(&["EXISTS", "faulty"]));
+    first.release().unwrap();
+    assert!(
+        !server.cmd::<bool>(&["EXISTS", "faulty"]),
+        "the lost re-entry's hold was withdrawn"
+    );
 }
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    server.cmd::<i64>(&["EXISTS", key]) == 1
-}
-
-/// Nanoseconds on the monotonic clock since the first call (shared by every thread).
-fn now_ns() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// The largest number of intervals `(start, end)` that overlap at any instant (touching is
-/// not overlapping).
-fn max_overlap(intervals: &[(u64, u64)]) -> usize {
-    let mut events: Vec<(u64, i32)> = Vec::new();
-    for &(start, end) in intervals {
-        events.push((start, 1));
-        events.push((end, -1));
-    }
-    events.sort_by_key(|&(t, d)| (t, d));
-    let (mut now, mut max) = (0i32, 0i32);
-    for (_, d) in events {
-        now += d;
-        max = max.max(now);
-    }
-    max as usize
-}
-
-/// Whether some interval of `a` overlaps some interval of `b`; the first such pair.
-fn cross_overlap(a: &[(u64, u64)], b: &[(u64, u64)]) -> Option<((u64, u64), (u64, u64))> {
-    for &x in a {
-        for &y in b {
-            if x.0 < y.1 && y.0 < x.1 {
-                return Some((x, y));
-            }
-        }
-    }
-    None
-}
-
-/// The interval a holder may believe it held `guard` for: from `start` (just after the
-/// acquire returned) to `end`, but never past the lease's local deadline as it stood at
-/// the start (`remaining_at_start`); `None` when the guard was not held at the start.
-fn believed(start: u64, remaining_at_start: Duration, end: u64, held_at_end: bool) -> (u64, u64) {
-    let deadline = start + remaining_at_start.as_nanos() as u64;
-    if held_at_end {
-        (start, end)
-    } else {
-        (start, end.min(deadline))
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Reentrant locks: leases of several processes (clients) that share one owner.
-// ---------------------------------------------------------------------------------------
 
 /// Attacks the lease of a re-entry made through another client (another process, as a
 /// caller-supplied owner allows): the re-entry is told its lease is at least its own ttl
@@ -335,22 +505,6 @@ fn a_thread_owned_reentry_through_a_second_client_is_not_shortened_by_an_extend(
             .try_acquire()
             .map(|g| g.fencing_token())
     );
-}
-
-/// A tiny deterministic random source (xorshift), for jitter in stress tests.
-struct Jitter(u64);
-
-impl Jitter {
-    fn new(seed: u64) -> Self {
-        Jitter(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
 }
 
 /// Attacks the interleaving of the release of the last local guard with a concurrent
@@ -771,625 +925,6 @@ fn a_joined_reentrys_lost_callback_is_called() {
     drop((outer, inner));
 }
 
-// ---------------------------------------------------------------------------------------
-// Semaphores and read-write locks under the fault proxy.
-// ---------------------------------------------------------------------------------------
-
-/// Injects a schedule of faults through `proxy` until `stop`: delayed replies of scripts,
-/// dropped replies, replies lost to a reset, requests that never run, a short blackhole
-/// and a reset of every connection.
-fn faults(proxy: Arc<Proxy>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
-    std::thread::spawn(move || {
-        let mut round = 0;
-        let pause = |ms| std::thread::sleep(Duration::from_millis(ms));
-        while !stop.load(Ordering::SeqCst) {
-            match round % 6 {
-                0 => {
-                    proxy.on_request(
-                        b"EVALSHA",
-                        20,
-                        Action::DelayReply(Duration::from_millis(60)),
-                    );
-                }
-                1 => {
-                    proxy.on_request(b"EVALSHA", 2, Action::DropReply);
-                }
-                2 => {
-                    proxy.on_request(b"EVALSHA", 2, Action::ResetBeforeReply);
-                }
-                3 => {
-                    proxy.on_request(b"EVALSHA", 2, Action::ResetBeforeRequest);
-                }
-                4 => {
-                    proxy.blackhole(true);
-                    pause(150);
-                    proxy.blackhole(false);
-                }
-                _ => proxy.reset_all(),
-            }
-            round += 1;
-            pause(250);
-            proxy.clear_rules();
-        }
-        proxy.clear_rules();
-        proxy.blackhole(false);
-        round
-    })
-}
-
-/// One hold as its holder believed it: `(start, end)` in ns, and who.
-type Log = Arc<Mutex<Vec<(u64, u64, usize)>>>;
-
-/// Attacks the semaphore's bound under faults: 2 permits, 6 threads, through a proxy that
-/// delays, drops and resets replies, keeps requests from running, blackholes and resets
-/// connections. Never more than 2 holders by the interval log, every thread gets a permit,
-/// and once the faults stop no permit outlives its ttl: a newcomer then takes both.
-#[test]
-fn a_semaphore_never_exceeds_its_permits_under_faults_and_leaks_none_past_the_ttl() {
-    let server = RedisServer::start();
-    let proxy = Arc::new(Proxy::start(server.port));
-    let c = quick_client(&proxy.url(), 250);
-    client(&proxy.url())
-        .semaphore("warm-sem", 1)
-        .try_acquire()
-        .unwrap()
-        .release()
-        .unwrap();
-    let ttl = Duration::from_millis(1000);
-    let stop = Arc::new(AtomicBool::new(false));
-    let log: Log = Arc::default();
-    let fault_thread = faults(proxy.clone(), stop.clone());
-    let threads: Vec<_> = (0..6)
-        .map(|t| {
-            let (c, stop, log) = (c.clone(), stop.clone(), log.clone());
-            std::thread::spawn(move || {
-                let mut jitter = Jitter::new(t as u64 + 11);
-                while !stop.load(Ordering::SeqCst) {
-                    let Ok(permit) = c
-                        .semaphore("sem-faults", 2)
-                        .ttl(ttl)
-                        .acquire_timeout(Duration::from_secs(2))
-                    else {
-                        continue;
-                    };
-                    let start = now_ns();
-                    let remaining = permit.remaining();
-                    std::thread::sleep(Duration::from_millis(5 + jitter.below(15)));
-                    let held = permit.is_held();
-                    let (a, b) = believed(start, remaining, now_ns(), held);
-                    log.lock().unwrap().push((a, b, t));
-                    let _ = permit.release();
-                }
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_secs(4));
-    stop.store(true, Ordering::SeqCst);
-    for t in threads {
-        t.join().unwrap();
-    }
-    let rounds = fault_thread.join().unwrap();
-    assert!(rounds >= 6, "{rounds} fault rounds");
-    let log = log.lock().unwrap();
-    let intervals: Vec<(u64, u64)> = log.iter().map(|&(a, b, _)| (a, b)).collect();
-    assert!(intervals.len() > 20, "{} holds", intervals.len());
-    assert!(
-        max_overlap(&intervals) <= 2,
-        "{} holders of 2 permits at once",
-        max_overlap(&intervals)
-    );
-    let mut per_thread = HashMap::new();
-    for &(_, _, t) in log.iter() {
-        *per_thread.entry(t).or_insert(0) += 1;
-    }
-    assert_eq!(
-        per_thread.len(),
-        6,
-        "threads without a permit: {per_thread:?}"
-    );
-    // No permit lives past its ttl once every holder is gone.
-    let direct = client(&server.url());
-    let gone = Instant::now();
-    let both = within(Duration::from_secs(5), move || {
-        let until = Instant::now() + ttl + Duration::from_millis(1200);
-        loop {
-            let a = direct.semaphore("sem-faults", 2).try_acquire();
-            let b = direct.semaphore("sem-faults", 2).try_acquire();
-            if let (Ok(a), Ok(b)) = (a, b) {
-                return Some((a, b));
-            }
-            if Instant::now() > until {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    });
-    assert!(
-        both.is_some(),
-        "a permit outlived its ttl: {:?}",
-        server.cmd::<Vec<String>>(&["ZRANGE", "sem-faults", "0", "-1", "WITHSCORES"])
-    );
-    assert!(gone.elapsed() <= ttl + Duration::from_millis(1300));
-}
-
-/// Attacks the read-write lock's exclusion under faults: 2 writers and 4 readers through
-/// a proxy with the same fault schedule. A writer's hold never overlaps any other hold
-/// (reader or writer) by the interval log, readers do overlap each other, writers get in,
-/// and once the faults stop no hold outlives its ttl: a newcomer writer then gets in.
-#[test]
-fn a_read_write_lock_keeps_writers_exclusive_under_faults_and_leaks_nothing() {
-    let server = RedisServer::start();
-    let proxy = Arc::new(Proxy::start(server.port));
-    let c = quick_client(&proxy.url(), 250);
-    let warm = client(&proxy.url());
-    warm.rwlock("warm-rw")
-        .write()
-        .try_acquire()
-        .unwrap()
-        .release()
-        .unwrap();
-    warm.rwlock("warm-rw")
-        .read()
-        .try_acquire()
-        .unwrap()
-        .release()
-        .unwrap();
-    let ttl = Duration::from_millis(1000);
-    let stop = Arc::new(AtomicBool::new(false));
-    let log: Log = Arc::default();
-    let fault_thread = faults(proxy.clone(), stop.clone());
-    // Threads 0 and 1 write, the others read.
-    let threads: Vec<_> = (0..6)
-        .map(|t| {
-            let (c, stop, log) = (c.clone(), stop.clone(), log.clone());
-            std::thread::spawn(move || {
-                let mut jitter = Jitter::new(t as u64 + 101);
-                while !stop.load(Ordering::SeqCst) {
-                    let rw = c.rwlock("rw-faults");
-                    let side = if t < 2 { rw.write() } else { rw.read() };
-                    let Ok(hold) = side.ttl(ttl).acquire_timeout(Duration::from_secs(2)) else {
-                        continue;
-                    };
-                    let start = now_ns();
-                    let remaining = hold.remaining();
-                    std::thread::sleep(Duration::from_millis(5 + jitter.below(20)));
-                    let held = hold.is_held();
-                    let (a, b) = believed(start, remaining, now_ns(), held);
-                    log.lock().unwrap().push((a, b, t));
-                    let _ = hold.release();
-                    if t < 2 {
-                        std::thread::sleep(Duration::from_millis(jitter.below(30)));
-                    }
-                }
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_secs(4));
-    stop.store(true, Ordering::SeqCst);
-    for t in threads {
-        t.join().unwrap();
-    }
-    fault_thread.join().unwrap();
-    let log = log.lock().unwrap();
-    let writes: Vec<(u64, u64)> = log.iter().filter(|h| h.2 < 2).map(|h| (h.0, h.1)).collect();
-    let reads: Vec<(u64, u64)> = log
-        .iter()
-        .filter(|h| h.2 >= 2)
-        .map(|h| (h.0, h.1))
-        .collect();
-    assert!(writes.len() >= 5, "{} writes", writes.len());
-    assert!(reads.len() >= 5, "{} reads", reads.len());
-    assert_eq!(max_overlap(&writes), 1, "two writers at once");
-    assert_eq!(
-        cross_overlap(&writes, &reads),
-        None,
-        "a reader held the lock with a writer"
-    );
-    assert!(max_overlap(&reads) >= 2, "readers never shared the lock");
-    let direct = client(&server.url());
-    let writer = within(Duration::from_secs(5), move || {
-        let until = Instant::now() + ttl + Duration::from_millis(1200);
-        loop {
-            if let Ok(w) = direct.rwlock("rw-faults").write().try_acquire() {
-                return Some(w);
-            }
-            if Instant::now() > until {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    });
-    assert!(
-        writer.is_some(),
-        "a hold outlived its ttl: {:?}",
-        server.cmd::<Vec<String>>(&["HGETALL", "rw-faults"])
-    );
-}
-
-/// Attacks writer priority under faults: 2 reader threads keep the lock read-held without
-/// a gap (hand over hand every 250 ms: each takes a new read hold before giving back its
-/// old one, so without writer priority no writer could ever get in), through a clean
-/// proxy, while the
-/// writer's own connection suffers delayed replies, a dropped reply, a reset and a short
-/// blackhole (shorter than its grace). The writer still gets in within a bound, and no
-/// reader is inside with it.
-#[test]
-fn a_writer_waiting_under_faults_is_not_starved_by_a_stream_of_readers() {
-    let server = RedisServer::start();
-    let readers_proxy = Proxy::start(server.port);
-    let writer_proxy = Arc::new(Proxy::start(server.port));
-    let readers_client = client(&readers_proxy.url());
-    let writer_client = quick_client(&writer_proxy.url(), 300);
-    client(&writer_proxy.url())
-        .rwlock("warm")
-        .write()
-        .try_acquire()
-        .unwrap()
-        .release()
-        .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let inside = Arc::new(AtomicUsize::new(0));
-    let readers: Vec<_> = (0..2)
-        .map(|_| {
-            let (c, stop, inside) = (readers_client.clone(), stop.clone(), inside.clone());
-            std::thread::spawn(move || {
-                let read = || {
-                    let r = c
-                        .rwlock("starve")
-                        .read()
-                        .acquire_timeout(Duration::from_secs(10));
-                    if r.is_ok() {
-                        inside.fetch_add(1, Ordering::SeqCst);
-                    }
-                    r
-                };
-                let give_back = |r: LockGuard| {
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    let _ = r.release();
-                };
-                let mut current = read().unwrap();
-                while !stop.load(Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(250));
-                    match c.rwlock("starve").read().try_acquire() {
-                        Ok(next) => {
-                            inside.fetch_add(1, Ordering::SeqCst);
-                            give_back(std::mem::replace(&mut current, next));
-                        }
-                        Err(_) => {
-                            give_back(current);
-                            current = read().unwrap();
-                        }
-                    }
-                }
-                give_back(current);
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    // The writer's first two requests lose their replies to a reset (it registers all
-    // the same), its first block loses its reply, and every reply is late.
-    let resets = writer_proxy.on_request(b"starve", 2, Action::ResetBeforeReply);
-    let dropped = writer_proxy.on_request(b"BLPOP", 1, Action::DropReply);
-    writer_proxy.on_request(
-        b"starve",
-        100,
-        Action::DelayReply(Duration::from_millis(40)),
-    );
-    let faults = {
-        let (stop, p) = (stop.clone(), writer_proxy.clone());
-        std::thread::spawn(move || {
-            // Then a blackhole shorter than the writer's grace, and a reset of everything.
-            eventually(Duration::from_secs(3), || p.count_requests(b"starve") >= 4);
-            if stop.load(Ordering::SeqCst) {
-                return;
-            }
-            p.blackhole(true);
-            std::thread::sleep(Duration::from_millis(300));
-            p.reset_all();
-            p.blackhole(false);
-        })
-    };
-    let started = Instant::now();
-    let writer = writer_client
-        .rwlock("starve")
-        .write()
-        .acquire_timeout(Duration::from_secs(6));
-    let waited = started.elapsed();
-    let readers_inside = inside.load(Ordering::SeqCst);
-    let held = writer
-        .as_ref()
-        .map(|w| w.is_held())
-        .map_err(|e| e.to_string());
-    stop.store(true, Ordering::SeqCst);
-    faults.join().unwrap();
-    // Given back only now: a release sent into the fault thread's blackhole (the writer
-    // may get in before it begins) fails, honestly, and the readers would wait out the
-    // write hold's ttl. Should the release still fail, the hold is cleared by hand: this
-    // test is about getting in, not about giving back.
-    if let Ok(w) = writer {
-        let name = w.key().to_owned();
-        if let Err(e) = w.release() {
-            eprintln!("the writer's release failed ({e}); clearing its hold");
-            server.cmd::<i64>(&["DEL", &name]);
-        }
-    }
-    for r in readers {
-        r.join().unwrap();
-    }
-    assert!(held.unwrap(), "the writer's hold was not held");
-    assert_eq!(writer_proxy.matched(resets), 2);
-    assert!(writer_proxy.matched(dropped) <= 1);
-    assert_eq!(readers_inside, 0, "readers inside with the writer");
-    assert!(
-        waited < Duration::from_millis(5500),
-        "the writer waited {waited:?}"
-    );
-}
-
-// ---------------------------------------------------------------------------------------
-// Hostile input.
-// ---------------------------------------------------------------------------------------
-
-/// Attacks the owner's validation and its binary safety: 256 bytes (ASCII or multi-byte)
-/// are accepted, 257 refused before anything is sent; owners that differ only after a
-/// NUL, or that look like the holds record's field names, are distinct owners (the Lua
-/// scripts and the protocol are binary-safe); an owner with NUL re-enters its own lock.
-#[test]
-fn owners_at_the_length_limit_and_with_nul_bytes_are_exact() {
-    let server = RedisServer::start();
-    let proxy = Proxy::start(server.port);
-    let c = client(&proxy.url());
-    let long = "o".repeat(256);
-    let wide = "é".repeat(128);
-    assert_eq!(wide.len(), 256);
-    for owner in [&long, &wide] {
-        let g = c
-            .lock("long-owner")
-            .reentrant_as(owner)
-            .try_acquire()
-            .unwrap();
-        let h = c
-            .lock("long-owner")
-            .reentrant_as(owner)
-            .try_acquire()
-            .unwrap();
-        assert_eq!(
-            c.inspect("long-owner").unwrap().reentrant,
-            Some((owner.clone(), 2))
-        );
-        drop((g, h));
-        assert!(!exists(&server, "long-owner"));
-    }
-    proxy.clear_requests();
-    for bad in ["o".repeat(257), format!("{wide}x"), String::new()] {
-        let err = c
-            .lock("bad-owner")
-            .reentrant_as(&bad)
-            .try_acquire()
-            .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-    }
-    assert_eq!(
-        proxy.count_requests(b"bad-owner"),
-        0,
-        "sent before validation"
-    );
-    let nul = "job\0a";
-    let held = c.lock("nul-owner").reentrant_as(nul).try_acquire().unwrap();
-    for other in ["job\0b", "job", "job\0", "job\0a\0", "t", "o", "h:job\0a"] {
-        let err = c
-            .lock("nul-owner")
-            .reentrant_as(other)
-            .try_acquire()
-            .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Busy, "{other:?}: {err}");
-    }
-    let again = c.lock("nul-owner").reentrant_as(nul).try_acquire().unwrap();
-    assert_eq!(again.token(), held.token());
-    assert_eq!(
-        c.inspect("nul-owner").unwrap().reentrant,
-        Some((nul.to_owned(), 2))
-    );
-    drop(held);
-    assert!(exists(&server, "nul-owner"));
-    again.release().unwrap();
-    assert!(!exists(&server, "nul-owner"));
-}
-
-/// Attacks the names across kinds: a name held as a reentrant lock, a semaphore or a
-/// read-write lock refuses the other kinds with a clear error and changes nothing (no
-/// holds record, no fencing token drawn, the holder still holds); a reentrant lock and a
-/// plain mutex on one name exclude each other (both are strings), both ways.
-#[test]
-fn names_across_kinds_with_reentrant_locks_refuse_cleanly_and_change_nothing() {
-    let server = RedisServer::start();
-    let c = client(&server.url());
-    let fence = |name: &str| -> Option<String> {
-        server.cmd(&["GET", &format!("redlease:fence:{{{name}}}")])
-    };
-    let permit = c.semaphore("k-sem", 3).try_acquire().unwrap();
-    let reader = c.rwlock("k-rw").read().try_acquire().unwrap();
-    let writer_name = "k-rww";
-    let writer = c.rwlock(writer_name).write().try_acquire().unwrap();
-    for name in ["k-sem", "k-rw", writer_name] {
-        let before = fence(name);
-        for owner in [None, Some("job-kinds-1")] {
-            let builder = c.lock(name);
-            let builder = match owner {
-                Some(o) => builder.reentrant_as(o),
-                None => builder.reentrant(),
-            };
-            let err = builder.try_acquire().unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::Server, "{name}: {err}");
-            assert!(err.message().contains("another kind"), "{name}: {err}");
-            let err = c
-                .lock(name)
-                .reentrant()
-                .acquire_timeout(Duration::from_millis(200))
-                .unwrap_err();
-            assert!(err.message().contains("another kind"), "{name}: {err}");
-        }
-        assert_eq!(fence(name), before, "{name}: a fencing token was drawn");
-        assert!(
-            !exists(&server, &format!("redlease:holds:{{{name}}}")),
-            "{name}"
-        );
-    }
-    assert!(permit.is_held() && reader.is_held() && writer.is_held());
-    drop((permit, reader, writer));
-    let re = c.lock("k-re").reentrant().try_acquire().unwrap();
-    let before = fence("k-re");
-    for err in [
-        c.semaphore("k-re", u32::MAX).try_acquire().unwrap_err(),
-        c.rwlock("k-re").read().try_acquire().unwrap_err(),
-        c.rwlock("k-re").write().try_acquire().unwrap_err(),
-    ] {
-        assert!(err.message().contains("another kind"), "{err}");
-    }
-    assert_eq!(fence("k-re"), before);
-    // Another thread's plain mutex is refused (busy), and so is another owner.
-    let other = c.clone();
-    let busy = std::thread::spawn(move || {
-        (
-            other
-                .lock("k-re")
-                .try_acquire()
-                .map(drop)
-                .unwrap_err()
-                .kind(),
-            other
-                .lock("k-re")
-                .reentrant()
-                .try_acquire()
-                .map(drop)
-                .unwrap_err()
-                .kind(),
-        )
-    })
-    .join()
-    .unwrap();
-    assert_eq!(busy, (ErrorKind::Busy, ErrorKind::Busy));
-    re.release().unwrap();
-    let plain = c.lock("k-re").try_acquire().unwrap();
-    let err = c.lock("k-re").reentrant().try_acquire().unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
-    plain.release().unwrap();
-}
-
-/// Attacks the semaphore's arithmetic with the largest permit count and the longest ttl:
-/// permits are taken and given back, fencing tokens increase, and the expiry scores and
-/// key expiry stay exact (no float overflow, no negative PTTL).
-#[test]
-fn a_semaphore_of_u32_max_permits_and_max_ttl_keeps_exact_bookkeeping() {
-    let server = RedisServer::start();
-    let c = client(&server.url());
-    let permits: Vec<_> = (0..20)
-        .map(|_| {
-            c.semaphore("huge", u32::MAX)
-                .ttl(redlease::MAX_TTL)
-                .renew(false)
-                .try_acquire()
-                .unwrap()
-        })
-        .collect();
-    assert!(
-        permits
-            .windows(2)
-            .all(|w| w[1].fencing_token() > w[0].fencing_token())
-    );
-    assert_eq!(server.cmd::<i64>(&["ZCARD", "huge"]), 20);
-    assert!(server.pttl("huge") > (1i64 << 40) - 60_000);
-    permits[0].extend(redlease::MAX_TTL).unwrap();
-    // A caller counting 20 permits finds the same name full (the count is the caller's).
-    assert_eq!(
-        c.semaphore("huge", 20).try_acquire().unwrap_err().kind(),
-        ErrorKind::Busy
-    );
-    for p in permits {
-        p.release().unwrap();
-    }
-    assert!(!exists(&server, "huge"));
-    let rw = c
-        .rwlock("huge-rw")
-        .write()
-        .ttl(redlease::MAX_TTL)
-        .try_acquire()
-        .unwrap();
-    rw.extend(redlease::MAX_TTL).unwrap();
-    rw.release().unwrap();
-    let re = c
-        .lock("huge-re")
-        .reentrant()
-        .ttl(redlease::MAX_TTL)
-        .try_acquire()
-        .unwrap();
-    let again = c
-        .lock("huge-re")
-        .reentrant()
-        .ttl(redlease::MAX_TTL)
-        .try_acquire()
-        .unwrap();
-    assert!(server.pttl("huge-re") > (1i64 << 40) - 60_000);
-    drop((again, re));
-    assert!(!exists(&server, "huge-re"));
-}
-
-/// Attacks the wake-ups of readers: a reader holds; a writer waits (keeping new readers
-/// out); a second reader, kept out by the waiting writer, blocks on the server. The writer
-/// then gives up (cancelled) just as the second reader begins a long block. Nothing wakes
-/// the reader: the lock is only read-held and no writer waits any more, yet it sits out
-/// the rest of its block (1 to 1.7 s) instead of getting in at once.
-///
-/// Found: a waiting writer that withdraws never wakes the readers it kept out (fixed).
-#[test]
-fn a_reader_kept_out_by_a_writer_that_gives_up_gets_in_promptly() {
-    let server = RedisServer::start();
-    let proxy = Proxy::start(server.port);
-    let c = client(&server.url());
-    let through_proxy = client(&proxy.url());
-    let first = c.rwlock("gave-up").read().try_acquire().unwrap();
-    let cancel = redlease::CancelToken::new();
-    let writer = {
-        let (c, cancel) = (c.clone(), cancel.clone());
-        std::thread::spawn(move || {
-            c.rwlock("gave-up")
-                .write()
-                .cancel_token(&cancel)
-                .acquire()
-                .map(drop)
-        })
-    };
-    assert!(eventually(Duration::from_secs(2), || server
-        .cmd::<i64>(&["ZCARD", "redlease:queue:{gave-up}"])
-        == 1));
-    let reader = std::thread::spawn(move || {
-        let r = through_proxy
-            .rwlock("gave-up")
-            .read()
-            .acquire_timeout(Duration::from_secs(8));
-        (r.map(|g| g.is_held()), Instant::now())
-    });
-    // The reader's third block is 1 to 1.7 s long: the writer gives up as it begins.
-    assert!(eventually(Duration::from_secs(5), || proxy
-        .count_requests(b"BLPOP")
-        >= 3));
-    cancel.cancel();
-    let gave_up_at = Instant::now();
-    assert_eq!(
-        writer.join().unwrap().unwrap_err().kind(),
-        ErrorKind::Cancelled
-    );
-    assert_eq!(server.cmd::<i64>(&["ZCARD", "redlease:queue:{gave-up}"]), 0);
-    let (got_in, got_in_at) = reader.join().unwrap();
-    assert!(got_in.unwrap());
-    let late = got_in_at.saturating_duration_since(gave_up_at);
-    drop(first);
-    assert!(
-        late < Duration::from_millis(800),
-        "the reader got in {late:?} after the writer that kept it out gave up"
-    );
-}
-
 /// A released hold of a reentrant lock is never told of a later loss of the lease the
 /// other holds share: its `on_lost` (in C, with a `user_data` the caller may free once the
 /// hold is released) was once called after its release had returned.
@@ -1419,4 +954,70 @@ fn a_released_hold_is_never_told_of_a_later_loss() {
     std::thread::sleep(Duration::from_millis(200)); // any other report arrives meanwhile
     assert_eq!(*told.lock().unwrap(), vec!["first"]);
     assert!(first.release().is_err());
+}
+
+/// Reentrant holds (one owner, two threads) share one lease and renewal: one thread
+/// extends its guard in a loop while the renewal runs and the other releases its own
+/// guard: that release is `Ok` and leaves the lock held (key, token, `is_held`); the
+/// extends keep succeeding; the last release is `Ok`, deletes the key, and an extend
+/// through a released guard answers `NotHeld`.
+#[test]
+fn reentrant_guards_extending_and_releasing_from_two_threads_stay_consistent() {
+    let server = RedisServer::start();
+    let client = Client::with_options(&server.url(), options(1000)).unwrap();
+    let name = "reentrant-two";
+    let owner = "final-attacker-owner-5f1c2b7e";
+    let first = client
+        .lock(name)
+        .ttl(Duration::from_millis(600))
+        .reentrant_as(owner)
+        .try_acquire()
+        .unwrap();
+    let second = client
+        .lock(name)
+        .ttl(Duration::from_millis(600))
+        .reentrant_as(owner)
+        .try_acquire()
+        .unwrap();
+    assert_eq!(first.token(), second.token());
+    let stop = Arc::new(AtomicBool::new(false));
+    let extender = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut failures = Vec::new();
+            let mut extends = 0;
+            while !stop.load(Ordering::SeqCst) {
+                match first.extend(Duration::from_millis(600)) {
+                    Ok(()) => extends += 1,
+                    Err(e) => failures.push(e.to_string()),
+                }
+                std::thread::sleep(Duration::from_millis(7));
+            }
+            (first, extends, failures)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    second
+        .release()
+        .expect("a hold of a lock held without a break");
+    std::thread::sleep(Duration::from_millis(1000));
+    let key_after_first_release = server.get(name);
+    stop.store(true, Ordering::SeqCst);
+    let (first, extends, failures) = extender.join().unwrap();
+    assert!(failures.is_empty(), "extends failed: {failures:?}");
+    assert!(extends > 10, "only {extends} extends");
+    assert!(first.is_held(), "the remaining hold lost its lease");
+    assert_eq!(key_after_first_release.as_deref(), Some(first.token()));
+    let token = first.token().to_owned();
+    first
+        .release()
+        .expect("the last hold, held without a break");
+    assert!(
+        !server.cmd::<bool>(&["EXISTS", name]),
+        "the key outlived its last hold"
+    );
+    // A new holder gets it at once, with another token.
+    let next = client.lock(name).try_acquire().unwrap();
+    assert_ne!(next.token(), token);
+    next.release().unwrap();
 }

@@ -2,14 +2,12 @@
 //! real redis-server: once under AddressSanitizer + UndefinedBehaviorSanitizer, once under
 //! valgrind. Also checks that the header compiles as C99 and as C++.
 
-mod support;
-
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::RedisServer;
+use crate::support::{self, RedisServer};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 

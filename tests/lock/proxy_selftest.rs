@@ -1,14 +1,13 @@
-//! Self-tests of the fault-injecting proxy in `support::proxy`, against a real redis-server.
-
-mod support;
+//! Self-tests of the fault-injecting proxy in `support::proxy`, against a real
+//! redis-server: the fault tests of the other modules rely on what these check.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use support::RedisServer;
-use support::proxy::{Action, Proxy};
+use crate::support::proxy::{Action, Proxy};
+use crate::support::{self, RedisServer};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 

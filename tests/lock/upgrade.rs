@@ -1,19 +1,17 @@
-//! Attack: a deploy where redlease 0.1 clients (the version before the change) and new
-//! clients contend for the same lock names. The upgrade rule (src/keys.rs): "clients of
-//! both versions stay mutually exclusive on the same lock names (they share the lock key
-//! and the fencing counter)". Fencing tokens must strictly increase per lock name whatever
-//! version drew them.
+//! A deploy where redlease 0.1 clients and clients of this version contend for the same
+//! lock names. The upgrade rule (src/keys.rs): "clients of both versions stay mutually
+//! exclusive on the same lock names (they share the lock key and the fencing counter)".
+//! Fencing tokens must strictly increase per lock name whatever version drew them.
 //!
 //! The 0.1 client is simulated with 0.1's own acquire and release scripts (from commit
 //! e76483e, `src/scripts.rs`, single attempts only) and its key layout
 //! (`redlease:fence:K` for a key `K` with a hash tag, `redlease:fence:{K}` otherwise).
 
-mod support;
-
 use std::time::Duration;
 
 use redlease::Client;
-use support::RedisServer;
+
+use crate::support::RedisServer;
 
 const V01_NEXT_FENCE: &str = r"
 local function next_fence(key, expiry_ms)

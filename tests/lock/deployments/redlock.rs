@@ -1,7 +1,7 @@
-//! Redlock (issue 11): one lock over N independent primaries, against 5 local primaries
-//! the tests start.
-
-mod support;
+//! Redlock (issue 11): one lock over N independent primaries, against 5 local primaries the
+//! tests start: a majority decides for every subset of unavailable members, a restarted
+//! member does not lose a lock the majority keeps, a member that never answers costs one
+//! per-member time, and two processes of eight threads never overlap.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions, ErrorKind};
-use support::proxy::Proxy;
-use support::{RedisServer, within};
+
+use crate::support::proxy::Proxy;
+use crate::support::{RedisServer, now_ns, within};
 
 fn primaries(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
@@ -196,7 +197,12 @@ fn two_processes_of_eight_threads_never_overlap() {
         let log = dir.path().join(format!("intervals-{p}.log"));
         children.push(
             std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "contention_worker", "--ignored", "--nocapture"])
+                .args([
+                    "--exact",
+                    "deployments::redlock::contention_worker",
+                    "--ignored",
+                    "--nocapture",
+                ])
                 .env("REDLOCK_WORKER_URLS", &joined)
                 .env("REDLOCK_WORKER_LOG", &log)
                 .env("REDLOCK_WORKER_SECS", secs.to_string())
@@ -270,15 +276,6 @@ fn contention_worker() {
     let client = Client::redlock(&urls, ClientOptions::default()).unwrap();
     let file = Arc::new(Mutex::new(std::fs::File::create(log).unwrap()));
     let stop = Instant::now() + Duration::from_secs(secs);
-    let now_ns = || {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid timespec; CLOCK_MONOTONIC is shared by every process of the host.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    };
     let threads: Vec<_> = (0..8)
         .map(|t| {
             let (client, file) = (client.clone(), file.clone());

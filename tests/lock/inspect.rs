@@ -1,0 +1,44 @@
+//! The operators' view: inspecting a lock (holder, fencing token, time left, waiters),
+//! listing locks by pattern, and breaking a lock, which checks the holder it was shown.
+
+use std::time::Duration;
+
+use redlease::ErrorKind;
+
+use crate::support::{self, RedisServer, client, eventually};
+
+#[test]
+fn operators_can_inspect_list_and_break_locks() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let free = client.inspect("job:free").unwrap();
+    assert_eq!(free.holder, None);
+    let guard = client
+        .lock("job:a")
+        .ttl(Duration::from_secs(20))
+        .try_acquire()
+        .unwrap();
+    let other = client.lock("{tag}b").try_acquire().unwrap();
+    let info = client.inspect("job:a").unwrap();
+    assert_eq!(info.holder.as_deref(), Some(guard.token()));
+    assert_eq!(info.fencing_token, Some(guard.fencing_token()));
+    assert!(info.remaining.unwrap() > Duration::from_secs(15));
+    let waiter = support::waiters_giving_up(&client, "job:a", 1, Duration::from_secs(20));
+    assert!(eventually(Duration::from_secs(5), || {
+        client.inspect("job:a").unwrap().waiters == 1
+    }));
+    let listed = client.locks("*", 100).unwrap();
+    let keys: Vec<&str> = listed.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(keys, vec!["job:a", "{tag}b"]);
+    assert_eq!(client.locks("job:*", 100).unwrap().len(), 1);
+    // Breaking checks the holder it was shown.
+    let err = client.break_lock("job:a", "someone-else").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld);
+    client.break_lock("job:a", guard.token()).unwrap();
+    for w in waiter {
+        // The waiter gets the broken lock.
+        w.join().unwrap().unwrap();
+    }
+    assert_eq!(guard.release().unwrap_err().kind(), ErrorKind::NotHeld);
+    other.release().unwrap();
+}

@@ -1,0 +1,207 @@
+//! Lock kinds besides the plain mutex (issue 15): reentrant locks, counting semaphores and
+//! read-write locks, each in a module of its own, against real servers, with interval logs
+//! checked offline and the fault proxy. A name is one kind at a time: the tests here.
+//!
+//! Tests named "Attacks ..." say what they attack; those that found a bug say "Found:" and
+//! what was wrong (they failed on the code they were written against).
+
+mod reentrant;
+mod rwlock;
+mod semaphore;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redlease::ErrorKind;
+
+use crate::support::Rng as Jitter;
+use crate::support::proxy::{Action, Proxy};
+use crate::support::{RedisServer, client};
+
+#[test]
+fn a_name_in_use_by_one_kind_refuses_the_others_clearly() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let mutex = client.lock("shared-name").try_acquire().unwrap();
+    for err in [
+        client
+            .semaphore("shared-name", 2)
+            .try_acquire()
+            .unwrap_err(),
+        client
+            .rwlock("shared-name")
+            .read()
+            .try_acquire()
+            .unwrap_err(),
+        client
+            .rwlock("shared-name")
+            .write()
+            .try_acquire()
+            .unwrap_err(),
+    ] {
+        assert!(err.message().contains("another kind of lock"), "{err}");
+    }
+    assert!(mutex.is_held());
+    mutex.release().unwrap();
+    let permit = client.semaphore("shared-name", 2).try_acquire().unwrap();
+    let err = client.lock("shared-name").try_acquire().unwrap_err();
+    assert!(err.message().contains("another kind of lock"), "{err}");
+    permit.release().unwrap();
+}
+
+/// Attacks the names across kinds: a name held as a reentrant lock, a semaphore or a
+/// read-write lock refuses the other kinds with a clear error and changes nothing (no
+/// holds record, no fencing token drawn, the holder still holds); a reentrant lock and a
+/// plain mutex on one name exclude each other (both are strings), both ways.
+#[test]
+fn names_across_kinds_with_reentrant_locks_refuse_cleanly_and_change_nothing() {
+    let server = RedisServer::start();
+    let c = client(&server.url());
+    let fence = |name: &str| -> Option<String> {
+        server.cmd(&["GET", &format!("redlease:fence:{{{name}}}")])
+    };
+    let permit = c.semaphore("k-sem", 3).try_acquire().unwrap();
+    let reader = c.rwlock("k-rw").read().try_acquire().unwrap();
+    let writer_name = "k-rww";
+    let writer = c.rwlock(writer_name).write().try_acquire().unwrap();
+    for name in ["k-sem", "k-rw", writer_name] {
+        let before = fence(name);
+        for owner in [None, Some("job-kinds-1")] {
+            let builder = c.lock(name);
+            let builder = match owner {
+                Some(o) => builder.reentrant_as(o),
+                None => builder.reentrant(),
+            };
+            let err = builder.try_acquire().unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Server, "{name}: {err}");
+            assert!(err.message().contains("another kind"), "{name}: {err}");
+            let err = c
+                .lock(name)
+                .reentrant()
+                .acquire_timeout(Duration::from_millis(200))
+                .unwrap_err();
+            assert!(err.message().contains("another kind"), "{name}: {err}");
+        }
+        assert_eq!(fence(name), before, "{name}: a fencing token was drawn");
+        assert!(
+            !exists(&server, &format!("redlease:holds:{{{name}}}")),
+            "{name}"
+        );
+    }
+    assert!(permit.is_held() && reader.is_held() && writer.is_held());
+    drop((permit, reader, writer));
+    let re = c.lock("k-re").reentrant().try_acquire().unwrap();
+    let before = fence("k-re");
+    for err in [
+        c.semaphore("k-re", u32::MAX).try_acquire().unwrap_err(),
+        c.rwlock("k-re").read().try_acquire().unwrap_err(),
+        c.rwlock("k-re").write().try_acquire().unwrap_err(),
+    ] {
+        assert!(err.message().contains("another kind"), "{err}");
+    }
+    assert_eq!(fence("k-re"), before);
+    // Another thread's plain mutex is refused (busy), and so is another owner.
+    let other = c.clone();
+    let busy = std::thread::spawn(move || {
+        (
+            other
+                .lock("k-re")
+                .try_acquire()
+                .map(drop)
+                .unwrap_err()
+                .kind(),
+            other
+                .lock("k-re")
+                .reentrant()
+                .try_acquire()
+                .map(drop)
+                .unwrap_err()
+                .kind(),
+        )
+    })
+    .join()
+    .unwrap();
+    assert_eq!(busy, (ErrorKind::Busy, ErrorKind::Busy));
+    re.release().unwrap();
+    let plain = c.lock("k-re").try_acquire().unwrap();
+    let err = c.lock("k-re").reentrant().try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+    plain.release().unwrap();
+}
+
+// Shared by the modules of each kind: checks on the server, interval logs checked offline,
+// and a schedule of faults.
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    server.cmd::<i64>(&["EXISTS", key]) == 1
+}
+
+/// Whether some interval of `a` overlaps some interval of `b`; the first such pair.
+fn cross_overlap(a: &[(u64, u64)], b: &[(u64, u64)]) -> Option<((u64, u64), (u64, u64))> {
+    for &x in a {
+        for &y in b {
+            if x.0 < y.1 && y.0 < x.1 {
+                return Some((x, y));
+            }
+        }
+    }
+    None
+}
+
+/// The interval a holder may believe it held `guard` for: from `start` (just after the
+/// acquire returned) to `end`, but never past the lease's local deadline as it stood at
+/// the start (`remaining_at_start`); `None` when the guard was not held at the start.
+fn believed(start: u64, remaining_at_start: Duration, end: u64, held_at_end: bool) -> (u64, u64) {
+    let deadline = start + remaining_at_start.as_nanos() as u64;
+    if held_at_end {
+        (start, end)
+    } else {
+        (start, end.min(deadline))
+    }
+}
+
+/// Injects a schedule of faults through `proxy` until `stop`: delayed replies of scripts,
+/// dropped replies, replies lost to a reset, requests that never run, a short blackhole
+/// and a reset of every connection.
+fn faults(proxy: Arc<Proxy>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let mut round = 0;
+        let pause = |ms| std::thread::sleep(Duration::from_millis(ms));
+        while !stop.load(Ordering::SeqCst) {
+            match round % 6 {
+                0 => {
+                    proxy.on_request(
+                        b"EVALSHA",
+                        20,
+                        Action::DelayReply(Duration::from_millis(60)),
+                    );
+                }
+                1 => {
+                    proxy.on_request(b"EVALSHA", 2, Action::DropReply);
+                }
+                2 => {
+                    proxy.on_request(b"EVALSHA", 2, Action::ResetBeforeReply);
+                }
+                3 => {
+                    proxy.on_request(b"EVALSHA", 2, Action::ResetBeforeRequest);
+                }
+                4 => {
+                    proxy.blackhole(true);
+                    pause(150);
+                    proxy.blackhole(false);
+                }
+                _ => proxy.reset_all(),
+            }
+            round += 1;
+            pause(250);
+            proxy.clear_rules();
+        }
+        proxy.clear_rules();
+        proxy.blackhole(false);
+        round
+    })
+}
+
+/// One hold as its holder believed it: `(start, end)` in ns, and who.
+type Log = Arc<Mutex<Vec<(u64, u64, usize)>>>;
