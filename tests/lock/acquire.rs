@@ -326,3 +326,56 @@ fn a_grant_that_lapsed_as_it_was_taken_is_not_blamed_on_another_owner() {
     assert!(message.contains("lease ran out"), "{message}");
     assert_eq!(server.cmd::<Option<String>>(&["GET", "lapsed"]), None);
 }
+
+/// No attempt goes under a token whose give-back may still land (the protocol-core issue's
+/// settle case): a late give-back would delete what a later attempt took.
+/// A waiting acquire whose grant came with a short lease extends it (settle); the extend's
+/// reply comes after the lease it set ended, so the grant is given back; that give-back is
+/// held in the network past the I/O timeout. The waiter goes on: if it tried again under
+/// the same token, it would take the (expired) key afresh, and the late give-back would
+/// delete it under its feet.
+#[test]
+fn a_settle_give_back_that_lands_late_never_deletes_a_later_grant() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let options = ClientOptions::default()
+        .owner_label("victim")
+        .io_timeout(Duration::from_secs(1));
+    let client = Client::with_options(&proxy.url(), options).unwrap();
+    // Warm the script cache: the attack's requests must not be answered NOSCRIPT.
+    warm(&client);
+    // The attempt's reply 300 ms late (less than 2/3 of the 800 ms ttl left: settle
+    // extends); the extend's reply 900 ms late (past the 800 ms it set, within the I/O
+    // timeout); the give-back held 1.3 s (past the I/O timeout, so the waiter goes on, and
+    // within the lease a new grant would get).
+    let name = "settled";
+    proxy.on_request(
+        name.as_bytes(),
+        1,
+        Action::DelayReply(Duration::from_millis(300)),
+    );
+    proxy.on_request(
+        name.as_bytes(),
+        1,
+        Action::DelayReply(Duration::from_millis(900)),
+    );
+    let give_back = proxy.on_request(
+        name.as_bytes(),
+        1,
+        Action::DelayRequest(Duration::from_millis(1300)),
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let guard = client
+            .lock(name)
+            .ttl(Duration::from_millis(800))
+            .renew(false)
+            .acquire_timeout(Duration::from_secs(10));
+        let _ = tx.send(guard);
+    });
+    let holder = rx.recv_timeout(Duration::from_secs(15)).unwrap();
+    assert_eq!(proxy.matched(give_back), 1, "the grant was not given back");
+    let holder = holder.expect("the waiter gets the lock under a fresh token");
+    let rival = Client::open(&server.url()).unwrap();
+    support::no_second_holder(&rival, name, &holder, Duration::from_secs(2));
+}

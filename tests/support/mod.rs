@@ -557,3 +557,28 @@ impl Rng {
         items[self.below(items.len() as u64) as usize]
     }
 }
+
+/// Polls for `name` with `rival` for up to `limit`; when it gets the lock, `holder` must
+/// no longer believe it holds it.
+pub fn no_second_holder(
+    rival: &redlease::Client,
+    name: &str,
+    holder: &redlease::LockGuard,
+    limit: Duration,
+) {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if let Ok(second) = rival.lock(name).ttl(Duration::from_secs(5)).try_acquire() {
+            assert!(
+                !holder.is_held(),
+                "two holders: the rival got {name:?} (token {}) while the first holder still \
+                 believes it holds it ({:?} left, token {})",
+                second.token(),
+                holder.remaining(),
+                holder.token()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -304,3 +304,54 @@ fn contention_worker() {
         t.join().unwrap();
     }
 }
+
+/// Redlock: an attempt that is not granted on a majority is given back on every member;
+/// the give-back to one member is held in the network past its round. The retry must not
+/// count that member's key as its vote: once the late give-back lands, the lock would be
+/// held on a minority only while the waiter believes it holds it.
+#[test]
+fn a_redlock_retry_never_counts_a_member_whose_give_back_is_late() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let proxy = Proxy::start(servers[0].port);
+    let urls = [proxy.url(), servers[1].url(), servers[2].url()];
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let options = ClientOptions::default().io_timeout(Duration::from_secs(1));
+    let client = Client::redlock(&urls, options.clone()).unwrap();
+    crate::support::warm(&client);
+    let name = "quorum";
+    // Another owner holds the lock on the two members without a proxy.
+    for server in &servers[1..] {
+        server.cmd::<()>(&["SET", name, "someone-else", "PX", "60000"]);
+    }
+    // The first give-back to the proxied member is held 3 s (its round gives up after
+    // ttl/10 = 1 s).
+    let late = proxy.on_request(
+        b"handoff",
+        1,
+        crate::support::proxy::Action::DelayRequest(Duration::from_secs(3)),
+    );
+    let waiter = std::thread::spawn(move || {
+        client
+            .lock(name)
+            .ttl(Duration::from_secs(10))
+            .acquire_timeout(Duration::from_secs(20))
+            .map(|g| (Instant::now(), g))
+    });
+    assert!(crate::support::eventually(
+        Duration::from_secs(10),
+        || proxy.matched(late) == 1
+    ));
+    let held_back = Instant::now();
+    // The other owner leaves one member: a majority there is the proxied member (whose
+    // key still holds the first attempt's token until the give-back lands) and this one.
+    servers[1].cmd::<()>(&["DEL", name]);
+    let (_, holder) = within(Duration::from_secs(30), move || waiter.join().unwrap())
+        .expect("the waiter gets the lock");
+    // Past the late give-back, the other owner leaves the last member too.
+    std::thread::sleep(
+        (held_back + Duration::from_millis(3500)).saturating_duration_since(Instant::now()),
+    );
+    servers[2].cmd::<()>(&["DEL", name]);
+    let rival = Client::redlock(&urls, options).unwrap();
+    crate::support::no_second_holder(&rival, name, &holder, Duration::from_secs(2));
+}
