@@ -8,6 +8,10 @@
 //! whose reply was lost: it may still run later. So after such an extend the lease never
 //! again assumes more than that shorter ttl (the `cap`).
 //!
+//! An extend in flight may already have run: while it is on its way, the lease assumes no
+//! more than what it may set (a shorter ttl from the moment it was attempted), and only an
+//! extend that surely never ran gives the earlier deadline back.
+//!
 //! A loss is final: once the deadline passed (so `is_held` said no) or the key was found
 //! without the token, nothing makes the lease held again, not even an extend whose reply
 //! comes late.
@@ -157,6 +161,8 @@ pub(crate) struct LeaseClock {
     start: Instant,
     /// Before this the key surely still holds the token (unless deleted).
     deadline: Instant,
+    /// The deadline before the extend in flight lowered it to what that extend may set.
+    before_extend: Option<Instant>,
     standing: Standing,
 }
 
@@ -170,6 +176,7 @@ impl LeaseClock {
             cap: None,
             start: sent_at,
             deadline: local_deadline(sent_at, leased),
+            before_extend: None,
             standing: Standing::Held,
         }
     }
@@ -269,9 +276,16 @@ impl LeaseClock {
         }
     }
 
-    /// Whether an extend may be sent at `now`: `Err` with the reason when the lock is
-    /// lost, or its deadline has passed (the loss is then declared: a loss is final).
-    pub fn before_extend(&mut self, now: Instant) -> std::result::Result<(), LostReason> {
+    /// An extend of `ttl` is about to be sent at `now`: `Err` with the reason when the lock
+    /// is lost, or its deadline has passed (the loss is then declared: a loss is final).
+    /// Otherwise, from now until its outcome is known, the deadline is no later than what
+    /// the extend may set (it may run at once: an extend to a shorter ttl shortens the key's
+    /// life on the server before its reply is read).
+    pub fn before_extend(
+        &mut self,
+        now: Instant,
+        ttl: Duration,
+    ) -> std::result::Result<(), LostReason> {
         if let Some(reason) = self.lost() {
             return Err(reason);
         }
@@ -279,6 +293,9 @@ impl LeaseClock {
             self.declare_lost(LostReason::Unreachable);
             return Err(LostReason::Unreachable);
         }
+        let could_set = local_deadline(now, self.cap.map_or(ttl, |cap| cap.min(ttl)));
+        self.before_extend = Some(self.deadline);
+        self.deadline = self.deadline.min(could_set);
         Ok(())
     }
 
@@ -291,6 +308,7 @@ impl LeaseClock {
         outcome: ExtendOutcome,
         now: Instant,
     ) -> ExtendVerdict {
+        let before = self.before_extend.take().unwrap_or(self.deadline);
         if let Some(reason) = self.lost() {
             // A loss is final, whatever the server says now.
             return ExtendVerdict::Lost {
@@ -324,14 +342,17 @@ impl LeaseClock {
             ExtendOutcome::Unacknowledged { sent_at } => {
                 // It ran: the key now expires after `ttl` from about then, which may be
                 // sooner than the lease assumed (an extend to a shorter ttl).
-                self.deadline = self.deadline.min(local_deadline(sent_at, ttl));
+                self.deadline = before.min(local_deadline(sent_at, ttl));
                 ExtendVerdict::Failed
             }
-            ExtendOutcome::Failed { unknown } => {
-                if unknown {
-                    self.cap = Some(self.cap.map_or(ttl, |cap| cap.min(ttl)));
-                    self.deadline = self.deadline.min(local_deadline(attempt_at, ttl));
-                }
+            ExtendOutcome::Failed { unknown: true } => {
+                // It may still run, later: never more than its ttl again.
+                self.cap = Some(self.cap.map_or(ttl, |cap| cap.min(ttl)));
+                self.deadline = before.min(local_deadline(attempt_at, ttl));
+                ExtendVerdict::Failed
+            }
+            ExtendOutcome::Failed { unknown: false } => {
+                self.restore(before, now);
                 ExtendVerdict::Failed
             }
         };
@@ -341,6 +362,30 @@ impl LeaseClock {
                 self.lost_verdict(LostReason::Unreachable)
             }
             verdict => verdict,
+        }
+    }
+
+    /// An extend that [`before_extend`](Self::before_extend) announced was never sent.
+    pub fn extend_not_sent(&mut self, now: Instant) -> ExtendVerdict {
+        let before = self.before_extend.take().unwrap_or(self.deadline);
+        if let Some(reason) = self.lost() {
+            return ExtendVerdict::Lost {
+                reason,
+                decided: false,
+            };
+        }
+        self.restore(before, now);
+        if now >= self.deadline {
+            return self.lost_verdict(LostReason::Unreachable);
+        }
+        ExtendVerdict::Failed
+    }
+
+    /// An extend never ran: the deadline it lowered comes back, if the lowered one has not
+    /// passed by `now` (then every `is_held` in between said yes).
+    fn restore(&mut self, before: Instant, now: Instant) {
+        if now < self.deadline {
+            self.deadline = before;
         }
     }
 
@@ -473,7 +518,7 @@ mod tests {
             }
         );
         assert!(!clock.is_held(t0));
-        assert_eq!(clock.before_extend(t0), Err(LostReason::Unreachable));
+        assert_eq!(clock.before_extend(t0, S), Err(LostReason::Unreachable));
         // Nothing brings it back.
         let v = clock.after_extend(S, t0, replied(ExtendReply::Extended, t0), t0);
         assert!(matches!(v, ExtendVerdict::Lost { decided: false, .. }));
@@ -540,6 +585,47 @@ mod tests {
         clock.reentered(5 * S, 5 * S, t0 + 100 * MS);
         assert_eq!(clock.deadline(), local_deadline(t0 + 100 * MS, 5 * S));
         assert_eq!(clock.renewal_ttl(), 5 * S);
+    }
+
+    #[test]
+    fn an_extend_to_a_shorter_ttl_shortens_the_lease_while_it_is_in_flight() {
+        let t0 = Instant::now();
+        let mut clock = LeaseClock::new(30 * S, 30 * S, t0);
+        let at = t0 + S;
+        clock.before_extend(at, 20 * MS).unwrap();
+        // It may run at once: the lease assumes no more than it may set.
+        assert!(clock.is_held(at + 10 * MS));
+        assert!(!clock.is_held(at + 20 * MS));
+        // Surely never sent, and in time: the earlier deadline comes back.
+        let mut unsent = LeaseClock::new(30 * S, 30 * S, t0);
+        unsent.before_extend(at, 20 * MS).unwrap();
+        let v = unsent.after_extend(
+            20 * MS,
+            at,
+            ExtendOutcome::Failed { unknown: false },
+            at + MS,
+        );
+        assert_eq!(v, ExtendVerdict::Failed);
+        assert!(unsent.is_held(at + 10 * S));
+        // Unanswered: it may still run later.
+        let v = clock.after_extend(
+            20 * MS,
+            at,
+            ExtendOutcome::Failed { unknown: true },
+            at + MS,
+        );
+        assert_eq!(v, ExtendVerdict::Failed);
+        assert!(!clock.is_held(at + 20 * MS));
+        // Not sent but told too late (the lowered deadline passed): lost, for good.
+        let mut late = LeaseClock::new(30 * S, 30 * S, t0);
+        late.before_extend(at, 20 * MS).unwrap();
+        let v = late.after_extend(
+            20 * MS,
+            at,
+            ExtendOutcome::Failed { unknown: false },
+            at + 100 * MS,
+        );
+        assert!(matches!(v, ExtendVerdict::Lost { .. }));
     }
 
     #[test]

@@ -131,7 +131,7 @@ impl Lease {
     /// rather than waited for.
     pub fn close_gate(&self) {
         self.gate.begin_close();
-        self.batching.take_back(Duration::ZERO, Instant::now());
+        self.withdraw_queued_renewal(Duration::ZERO);
         self.gate.close();
     }
 
@@ -336,7 +336,7 @@ impl Lease {
     ) -> Result<Extended> {
         ttl_millis(ttl)?;
         let attempt_at = Instant::now();
-        if let Err(reason) = self.state().clock.before_extend(attempt_at) {
+        if let Err(reason) = self.state().clock.before_extend(attempt_at, ttl) {
             return Ok(Extended::Lost(reason));
         }
         let exec = Exec::new(lane, self.server.bounds().io).cutoff(cutoff);
@@ -428,15 +428,26 @@ impl Lease {
         ticket: OwnedGateTicket,
         on_trouble: Box<dyn FnOnce() + Send>,
     ) -> Result<()> {
-        let (ttl, deadline) = {
-            let s = self.state();
-            (s.clock.renewal_ttl(), s.clock.deadline())
-        };
-        let call = self.batching.extend_call(ttl, || {
-            Ok(self.kind.extend(&self.keys, &self.token, ttl_millis(ttl)?))
-        })?;
-        let lease = self.clone();
         let attempt_at = Instant::now();
+        let (ttl, deadline) = {
+            let mut s = self.state();
+            let ttl = s.clock.renewal_ttl();
+            if s.clock.before_extend(attempt_at, ttl).is_err() {
+                drop(s);
+                // Lost meanwhile: the renewal thread finds it so and tells the holder.
+                drop(ticket);
+                on_trouble();
+                return Ok(());
+            }
+            (ttl, s.clock.deadline())
+        };
+        let call = self
+            .batching
+            .extend_call(ttl, || {
+                Ok(self.kind.extend(&self.keys, &self.token, ttl_millis(ttl)?))
+            })
+            .inspect_err(|_| self.not_sent())?;
+        let lease = self.clone();
         let done: crate::backend::batch::Done = Box::new(move |value: Result<Value>, sent_at| {
             let (outcome, error) = match value.and_then(|v| reply::extend(Some(v))) {
                 Ok(reply) => (ExtendOutcome::Replied { reply, sent_at }, None),
@@ -466,16 +477,28 @@ impl Lease {
             cutoff: deadline,
             done,
         };
-        let queued = self.server.queue_renewal(&self.keys.lock, item, deadline)?;
+        let queued = self
+            .server
+            .queue_renewal(&self.keys.lock, item, deadline)
+            .inspect_err(|_| self.not_sent())?;
         self.batching.queued(queued, Instant::now());
         Ok(())
+    }
+
+    /// The extend announced to the clock was never sent.
+    fn not_sent(&self) {
+        self.state().clock.extend_not_sent(Instant::now());
     }
 
     /// Takes back this lease's batched renewal if it has waited in its batcher's queue
     /// for at least `patience`, unsent: its gate is free again and the next renewal goes
     /// on its own. `true` when one was taken back.
     pub fn withdraw_queued_renewal(&self, patience: Duration) -> bool {
-        self.batching.take_back(patience, Instant::now())
+        let taken = self.batching.take_back(patience, Instant::now());
+        if taken {
+            self.not_sent();
+        }
+        taken
     }
 
     /// Whether the last batched renewal failed (the next one then goes on its own,

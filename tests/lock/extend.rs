@@ -295,3 +295,58 @@ fn extend_after_a_loss_is_not_held_even_while_the_key_holds_the_token() {
     );
     let _ = released;
 }
+
+/// An extend to a shorter ttl may run on the server at once, long before its reply comes:
+/// while it is in flight the holder must not count on more than that ttl (found by the
+/// simulation, seed 124: a writer kept believing in its old lease while its shortening
+/// extend had already run, and a reader came in).
+#[test]
+fn an_extend_to_a_shorter_ttl_shortens_the_lease_while_its_reply_is_on_its_way() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let options = ClientOptions::default()
+        .owner_label("shortener")
+        .io_timeout(Duration::from_secs(3));
+    let client = Client::with_options(&proxy.url(), options).unwrap();
+    crate::support::warm(&client);
+    let guard = Arc::new(
+        client
+            .lock("shortened")
+            .ttl(Duration::from_secs(30))
+            .renew(false)
+            .try_acquire()
+            .unwrap(),
+    );
+    // The extend runs at once; its reply comes 1.5 s later.
+    proxy.on_request(
+        b"shortened",
+        1,
+        Action::DelayReply(Duration::from_millis(1500)),
+    );
+    let extending = guard.clone();
+    let extend = std::thread::spawn(move || extending.extend(Duration::from_millis(200)));
+    assert!(eventually(Duration::from_secs(5), || server
+        .pttl("shortened")
+        <= 200));
+    let rival = client_for(&server);
+    // The key is gone after 200 ms; the rival gets the lock while the reply is still on
+    // its way.
+    let second = loop {
+        if let Ok(second) = rival.lock("shortened").try_acquire() {
+            break second;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(
+        !guard.is_held(),
+        "the holder still counts on its old lease ({:?} left) while {} holds the lock",
+        guard.remaining(),
+        second.token()
+    );
+    extend.join().unwrap().ok();
+    assert!(!guard.is_held());
+}
+
+fn client_for(server: &RedisServer) -> Client {
+    client(&server.url())
+}

@@ -1,0 +1,266 @@
+//! What a simulated client process is made of: its clock, its threads and what each is
+//! doing, and the leases it holds. How its threads behave is [`crate::sim::threads`].
+
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::core::acquire::{AcquireMachine, AcquireSpec};
+use crate::core::lease::{Broken, LeaseClock};
+use crate::error::Error;
+use crate::keys::LockKeys;
+use crate::kinds::Kind;
+use crate::sim::config::{Config, Micros};
+
+/// A thread of a client.
+pub(crate) type TaskId = usize;
+/// A lease a client holds (never reused within a run).
+pub(crate) type LeaseId = usize;
+/// A request in the world.
+pub(crate) type ReqId = u64;
+
+/// A simulated client process.
+pub(crate) struct Client {
+    pub id: usize,
+    /// Its clock's rate against virtual time.
+    pub rate: f64,
+    /// Paused (SIGSTOP) until then: nothing of it runs.
+    pub paused_until: Option<Micros>,
+    /// How many times it was paused (a call that spans a pause is not held to its bound).
+    pub pauses: u64,
+    pub tasks: Vec<Task>,
+    pub leases: Vec<SimLease>,
+    next_token: u64,
+    /// Waiters of this client blocked on a server now (the blocking lane).
+    pub blocking: usize,
+}
+
+/// One thread of a client.
+pub(crate) struct Task {
+    pub ops_left: usize,
+    pub op: Op,
+}
+
+/// What a thread is doing.
+pub(crate) enum Op {
+    /// Between two operations (or not started yet).
+    Idle,
+    Acquiring(Box<Acquiring>),
+    /// In its critical section, until its wake.
+    Holding(Holding),
+    /// Extending (since the instant, by its clock).
+    Extending(Holding, GateStage, Instant),
+    /// Releasing (since the instant, by its clock).
+    Releasing(Holding, GateStage, Instant),
+    Done,
+}
+
+impl Op {
+    /// What the thread is doing, for a stuck run's report.
+    pub fn describe(&self) -> String {
+        match self {
+            Op::Idle => "idle".into(),
+            Op::Acquiring(a) => format!(
+                "acquiring {:?} ({:?}), waiting for {}",
+                a.spec.key,
+                a.spec.wait,
+                match &a.pending {
+                    Pending::Nothing => "nothing".to_owned(),
+                    Pending::Attempt { request, .. } =>
+                        format!("an attempt {}", request.describe()),
+                    Pending::Extend(r) => format!("a settle {}", r.describe()),
+                    Pending::GiveBack(r) => format!("a give-back {}", r.describe()),
+                    Pending::Sleep => "a pause".to_owned(),
+                }
+            ),
+            Op::Holding(h) => format!("holding lease {}", h.lease),
+            Op::Extending(h, _, _) => format!("extending lease {}", h.lease),
+            Op::Releasing(h, stage, _) => format!(
+                "releasing lease {} ({})",
+                h.lease,
+                match stage {
+                    GateStage::Waiting => "waiting for the gate".to_owned(),
+                    GateStage::Extend { request, .. } | GateStage::Release { request, .. } =>
+                        request.describe(),
+                }
+            ),
+            Op::Done => "done".into(),
+        }
+    }
+}
+
+impl Op {
+    /// Whether this thread waits for name `name` with more than `grace` of its wait left
+    /// at `now` (by its clock), not cancelled.
+    pub fn waits_for(&self, name: usize, now: Instant, grace: Duration) -> bool {
+        let Op::Acquiring(a) = self else {
+            return false;
+        };
+        if a.name != name || a.cancelled || matches!(a.pending, Pending::GiveBack(_)) {
+            return false;
+        }
+        match a.spec.wait {
+            crate::core::backoff::Wait::No => false,
+            crate::core::backoff::Wait::Forever => true,
+            crate::core::backoff::Wait::Until(deadline) => deadline > now + grace,
+        }
+    }
+}
+
+impl Request {
+    fn describe(&self) -> String {
+        match self {
+            Request::One(id) => format!("#{id}"),
+            Request::Round(round) => format!("round {:?} {:?}", round.what, round.requests),
+        }
+    }
+}
+
+/// The hold a thread is in: its lease and its own token.
+#[derive(Clone, Debug)]
+pub(crate) struct Holding {
+    pub lease: LeaseId,
+    pub hold: String,
+    /// The ttl of the extend the thread means to make before it releases.
+    pub extend: Option<Duration>,
+    /// It already looked at whether it holds, before writing to the fenced resource.
+    pub checked: bool,
+}
+
+/// Where an extend or a release stands with its lease's gate.
+pub(crate) enum GateStage {
+    /// Waiting for an extend or renewal in flight.
+    Waiting,
+    /// An extend sent: when it was attempted, with which ttl.
+    Extend {
+        request: Request,
+        attempt_at: Instant,
+        ttl: Duration,
+    },
+    /// A release sent; why the lease was broken before it, if it was.
+    Release {
+        request: Request,
+        broken: Option<Broken>,
+        /// When the release was sent (its bound counts from there).
+        sent: Instant,
+    },
+}
+
+/// A request of a thread in flight: one server's, or a Redlock round's.
+pub(crate) enum Request {
+    One(ReqId),
+    Round(Round),
+}
+
+/// An acquire in progress.
+pub(crate) struct Acquiring {
+    /// Index of the name in the run's names.
+    pub name: usize,
+    pub kind: Kind,
+    pub machine: AcquireMachine,
+    pub spec: AcquireSpec,
+    pub started: Instant,
+    pub pauses: u64,
+    pub pending: Pending,
+    /// When the request that granted the lock ran on the server.
+    pub granted_at: Option<Micros>,
+    pub cancelled: bool,
+    /// The error a Redlock attempt fails with once its give-back round is done.
+    pub failed: Option<Error>,
+}
+
+/// What an acquire's machine waits for.
+pub(crate) enum Pending {
+    /// Nothing: it is stepped at once.
+    Nothing,
+    Attempt {
+        request: Request,
+        blocked: bool,
+    },
+    Extend(Request),
+    GiveBack(Request),
+    Sleep,
+}
+
+/// A Redlock round: the same calls to every member, counted when every member answered
+/// or gave up.
+pub(crate) struct Round {
+    pub what: RoundFor,
+    /// Per member: the request still awaited.
+    pub requests: Vec<Option<ReqId>>,
+    /// Per member: its replies, or why there are none.
+    pub answers: Vec<Option<Result<Vec<Value>, Error>>>,
+    /// When the round started, by its client's clock.
+    pub started: Instant,
+    pub ttl: Duration,
+}
+
+/// What a round is for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum RoundFor {
+    Attempt,
+    /// The give-back of an attempt not granted on a majority.
+    AttemptGiveBack,
+    Extend,
+    Release,
+}
+
+/// A lease a client holds, shared by the holds of one reentrant owner.
+pub(crate) struct SimLease {
+    pub name: usize,
+    pub token: String,
+    pub kind: Kind,
+    pub keys: LockKeys,
+    pub clock: LeaseClock,
+    pub fencing: u64,
+    pub renew: bool,
+    /// The tokens of the holds (guards) still on it.
+    pub holds: Vec<String>,
+    /// When the grant that made it ran on the server.
+    pub granted_at: Micros,
+    pub gate_busy: bool,
+    pub gate_closed: bool,
+    /// Threads waiting for the gate.
+    pub gate_waiters: Vec<TaskId>,
+    /// A renewal in flight: its request, when it was attempted, its ttl.
+    pub renewal: Option<(Request, Instant, Duration)>,
+}
+
+impl SimLease {
+    /// Whether this process believes it holds the lock: some hold on it, and its clock
+    /// says held.
+    pub fn believed(&self, now: Instant) -> bool {
+        !self.holds.is_empty() && self.clock.is_held(now)
+    }
+}
+
+impl Client {
+    pub fn new(id: usize, rate: f64, cfg: &Config) -> Client {
+        Client {
+            id,
+            rate,
+            paused_until: None,
+            pauses: 0,
+            tasks: (0..cfg.tasks)
+                .map(|_| Task {
+                    ops_left: cfg.ops,
+                    op: Op::Idle,
+                })
+                .collect(),
+            leases: Vec::new(),
+            next_token: 0,
+            blocking: 0,
+        }
+    }
+
+    /// Every thread is done.
+    pub fn done(&self) -> bool {
+        self.tasks.iter().all(|t| matches!(t.op, Op::Done))
+    }
+
+    /// A fresh token of this client (`c<client>-<n>`).
+    pub fn token(&mut self) -> String {
+        self.next_token += 1;
+        format!("c{}-{}", self.id, self.next_token)
+    }
+}

@@ -1,0 +1,1182 @@
+//! What the threads of simulated clients do: they run the real protocol core
+//! ([`crate::core`]) with the runtime's policies, over the world's network.
+//!
+//! - An acquire drives an [`AcquireMachine`] exactly as [`crate::acquire`] does: each
+//!   attempt, settle and give-back goes out with the calls of [`crate::protocol::calls`];
+//!   a block needs a place on the client's blocking lane (or the machine is told there is
+//!   none); a give-back the machine sends in the background is not waited for; a cancel
+//!   ends a pause and the wait for an attempt (not a settle or a give-back). On Redlock,
+//!   each request is a round on every member, counted by [`crate::core::quorum`], and an
+//!   attempt not granted is given back on every member first.
+//! - A held lease follows its [`LeaseClock`]: renewal a third of the way into the lease,
+//!   retried after a failure, lost at the deadline; extends and renewals take the lease's
+//!   gate one at a time; the last hold's release closes the gate (waiting for the one in
+//!   flight) and decides whether the lease was broken before it sends the release.
+//! - A re-entry joins the lease its owner holds on this client when it is still held
+//!   there, as the runtime's registry does; otherwise it gets a lease of its own.
+
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::core::acquire::{AcquireMachine, AcquireSpec, Acquired, Action, Bounds, Event};
+use crate::core::backoff::{self, Wait};
+use crate::core::lease::{ExtendOutcome, ExtendVerdict, LeaseClock, LostReason, RenewalStep};
+use crate::core::quorum::{self, AcquireVerdict};
+use crate::core::reply::{Answer, AttemptReply, ExtendReply, Mode, ReleaseReply};
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::LockKeys;
+use crate::kinds::Kind;
+use crate::protocol::{Hold, calls};
+use crate::sim::client::{
+    Acquiring, GateStage, Holding, LeaseId, Op, Pending, ReqId, Request, Round, RoundFor, SimLease,
+    TaskId,
+};
+use crate::sim::config::{Micros, micros};
+use crate::sim::trace::short;
+use crate::sim::world::{Event as WorldEvent, Purpose, World};
+
+/// How long a thread thinks between two operations, at most.
+const MAX_THINK: Micros = 50_000;
+/// How soon a renewal looks again at a lease whose gate an extend holds.
+const GATE_RETRY: Micros = 10_000;
+
+/// A request's answer as the world hands it over: the replies and when the request was
+/// written, or why there are none.
+type Answered = std::result::Result<(Vec<Value>, Instant), Error>;
+
+impl World {
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            pool_wait: self.cfg.pool_wait,
+            connect: self.cfg.connect_timeout,
+            io: self.cfg.io_timeout,
+        }
+    }
+
+    fn grace(&self) -> Duration {
+        backoff::grace(self.cfg.io_timeout)
+    }
+
+    fn op(&mut self, client: usize, task: TaskId) -> &mut Op {
+        &mut self.clients[client].tasks[task].op
+    }
+
+    fn keys(&self, name: usize) -> LockKeys {
+        LockKeys::new("", &self.cfg.names[name].name).expect("the run's names are valid")
+    }
+
+    /// A thread's timer: it starts its next operation, its critical section ends, or a
+    /// pause of its acquire ends. Sometimes the whole process pauses first.
+    pub(crate) fn task_wakes(&mut self, client: usize, task: TaskId) {
+        if self.rng.f64() < self.cfg.faults.client_pause {
+            self.pause_client(client);
+            self.at(self.now, WorldEvent::Wake { client, task });
+            return;
+        }
+        match std::mem::replace(self.op(client, task), Op::Idle) {
+            Op::Idle => self.start_op(client, task),
+            Op::Holding(holding) => self.hold_ends(client, task, holding),
+            Op::Acquiring(mut acq) if matches!(acq.pending, Pending::Sleep) => {
+                acq.pending = Pending::Nothing;
+                self.step(client, task, acq, Event::Paused(Ok(())));
+            }
+            op => *self.op(client, task) = op,
+        }
+    }
+
+    /// The caller of a waiting acquire cancels it.
+    pub(crate) fn cancel(&mut self, client: usize, task: TaskId) {
+        if !matches!(self.op(client, task), Op::Acquiring(_)) {
+            // Too late: the acquire is over.
+            return;
+        }
+        let Op::Acquiring(mut acq) = std::mem::replace(self.op(client, task), Op::Idle) else {
+            return;
+        };
+        if acq.spec.wait == Wait::No || acq.cancelled {
+            *self.op(client, task) = Op::Acquiring(acq);
+            return;
+        }
+        self.trace
+            .line(self.now, || format!("c{client}/t{task} cancels its wait"));
+        acq.cancelled = true;
+        match std::mem::replace(&mut acq.pending, Pending::Nothing) {
+            Pending::Sleep => {
+                let error = Error::new(ErrorKind::Cancelled, "the wait was cancelled");
+                self.step(client, task, acq, Event::Paused(Err(error)));
+            }
+            // A waiter's attempts watch the cancel (a quorum round does not).
+            Pending::Attempt {
+                request: Request::One(id),
+                blocked,
+            } => {
+                self.abandon(id);
+                if blocked {
+                    self.clients[client].blocking -= 1;
+                }
+                let error = Error::new(ErrorKind::Cancelled, "the wait was cancelled").sent();
+                self.step(client, task, acq, Event::Attempted(Err(error)));
+            }
+            pending => {
+                acq.pending = pending;
+                *self.op(client, task) = Op::Acquiring(acq);
+            }
+        }
+    }
+
+    fn start_op(&mut self, client: usize, task: TaskId) {
+        let left = &mut self.clients[client].tasks[task].ops_left;
+        if *left == 0 {
+            *self.op(client, task) = Op::Done;
+            return;
+        }
+        *left -= 1;
+        let name = self.rng.usize(0..self.cfg.names.len());
+        let kind = match &self.cfg.names[name].kind {
+            // The owner is the client: its threads share their holds.
+            Kind::Reentrant(_) => Kind::Reentrant(format!("c{client}").into()),
+            Kind::Read | Kind::Write => {
+                if self.rng.bool() {
+                    Kind::Read
+                } else {
+                    Kind::Write
+                }
+            }
+            kind => kind.clone(),
+        };
+        let ttl = Duration::from_millis(
+            *self
+                .rng
+                .choice(&[20u64, 100, 300, 1000, 3000])
+                .unwrap_or(&300),
+        );
+        let now = self.local(client);
+        let wait = match self.rng.u32(0..4) {
+            0 => Wait::No,
+            1 => Wait::Forever,
+            _ => Wait::Until(now + Duration::from_millis(self.rng.u64(1..=3000))),
+        };
+        let renew = self.rng.u32(0..3) != 0;
+        let spec = AcquireSpec {
+            key: self.cfg.names[name].name.clone(),
+            ttl,
+            wait,
+            renew,
+            blocks: !self.redlock(),
+            bounds: self.bounds(),
+        };
+        let first = self.clients[client].token();
+        let label = format!("c{client}");
+        let mut drawn = 0u64;
+        let mut first = Some(first);
+        let stream = self.rng.u64(..) % 1_000_000;
+        let tokens = Box::new(move || {
+            if let Some(first) = first.take() {
+                return first;
+            }
+            drawn += 1;
+            format!("{label}-r{stream}.{drawn}")
+        });
+        let machine = AcquireMachine::new(
+            spec.clone(),
+            now,
+            tokens,
+            fastrand::Rng::with_seed(self.rng.u64(..)),
+        );
+        self.trace.line(self.now, || {
+            format!(
+                "c{client}/t{task} acquires {:?} as {kind:?} for {ttl:?}, {wait:?}, renew {renew}",
+                spec.key
+            )
+        });
+        if wait != Wait::No && self.rng.u32(0..6) == 0 {
+            let after = self.rng.u64(0..2_000_000);
+            self.at(self.now + after, WorldEvent::Cancel { client, task });
+        }
+        let acq = Box::new(Acquiring {
+            name,
+            kind,
+            machine,
+            spec,
+            started: now,
+            pauses: self.clients[client].pauses,
+            pending: Pending::Nothing,
+            granted_at: None,
+            cancelled: false,
+            failed: None,
+        });
+        self.step(client, task, acq, Event::Start);
+    }
+
+    /// Steps an acquire's machine with `event` and carries out what it decides.
+    fn step(&mut self, client: usize, task: TaskId, mut acq: Box<Acquiring>, event: Event) {
+        let now = self.local(client);
+        let action = acq.machine.step(event, now, acq.cancelled);
+        let keys = self.keys(acq.name);
+        let kind = acq.kind.clone();
+        let hold = |token: &str| -> (Kind, LockKeys, String) {
+            (kind.clone(), keys.clone(), token.to_owned())
+        };
+        match action {
+            Action::Done(result) => return self.acquire_done(client, task, acq, result),
+            Action::Attempt(plan) => {
+                if plan.block.is_some() && self.clients[client].blocking >= self.cfg.blocking_lane {
+                    return self.step(client, task, acq, Event::NoBlockingConnection);
+                }
+                let (kind, keys, token) = hold(&plan.token);
+                let h = Hold {
+                    kind: &kind,
+                    keys: &keys,
+                    token: &token,
+                };
+                let blocked = plan.block.is_some();
+                let request = if self.redlock() {
+                    let call = calls::attempt_script(h, acq.spec.ttl, Mode::Once, self.grace());
+                    Request::Round(self.round(
+                        client,
+                        Purpose::Task(task),
+                        RoundFor::Attempt,
+                        vec![args(&call)],
+                        acq.spec.ttl,
+                        plan.cutoff,
+                    ))
+                } else {
+                    let calls =
+                        calls::attempt(h, acq.spec.ttl, plan.mode, self.grace(), plan.block, None);
+                    let deadline = self.reply_deadline(client, plan.block, plan.cutoff);
+                    let commands = calls.iter().map(args).collect();
+                    if blocked {
+                        self.clients[client].blocking += 1;
+                    }
+                    Request::One(self.send(client, Purpose::Task(task), 0, commands, deadline))
+                };
+                acq.pending = Pending::Attempt { request, blocked };
+            }
+            Action::Extend { token, ttl, cutoff } => {
+                let (kind, keys, token) = hold(&token);
+                let h = Hold {
+                    kind: &kind,
+                    keys: &keys,
+                    token: &token,
+                };
+                let commands = calls::extend(h, ttl, None).iter().map(args).collect();
+                let request = self.request(
+                    client,
+                    Purpose::Task(task),
+                    RoundFor::Extend,
+                    commands,
+                    ttl,
+                    cutoff,
+                );
+                acq.pending = Pending::Extend(request);
+            }
+            Action::GiveBack {
+                token,
+                cutoff,
+                background,
+            } => {
+                let (kind, keys, token) = hold(&token);
+                let commands = vec![self.release_args(client, &kind, &keys, &token, true)];
+                let (purpose, what) = if background {
+                    (Purpose::Background, RoundFor::Release)
+                } else {
+                    (Purpose::Task(task), RoundFor::Release)
+                };
+                let request =
+                    self.request(client, purpose, what, commands, acq.spec.ttl, Some(cutoff));
+                if background {
+                    return self.step(client, task, acq, Event::GaveBack(None));
+                }
+                acq.pending = Pending::GiveBack(request);
+            }
+            Action::Pause { until } => {
+                acq.pending = Pending::Sleep;
+                let at = self.virtual_at(client, until);
+                self.at(at, WorldEvent::Wake { client, task });
+            }
+        }
+        *self.op(client, task) = Op::Acquiring(acq);
+    }
+
+    /// The release script's call for `token` of `kind` on `keys` (a withdrawal when
+    /// `withdraw`), with a fresh handoff token of the client's.
+    fn release_args(
+        &mut self,
+        client: usize,
+        kind: &Kind,
+        keys: &LockKeys,
+        token: &str,
+        withdraw: bool,
+    ) -> Vec<Vec<u8>> {
+        let handoff = format!("{}-handoff", self.clients[client].token());
+        let h = Hold { kind, keys, token };
+        args(&calls::release(h, &handoff, self.grace(), withdraw))
+    }
+
+    /// Sends `commands` to the one server, or as a Redlock round.
+    fn request(
+        &mut self,
+        client: usize,
+        purpose: Purpose,
+        what: RoundFor,
+        commands: Vec<Vec<Vec<u8>>>,
+        ttl: Duration,
+        cutoff: Option<Instant>,
+    ) -> Request {
+        if self.redlock() {
+            Request::Round(self.round(client, purpose, what, commands, ttl, cutoff))
+        } else {
+            let deadline = self.reply_deadline(client, None, cutoff);
+            Request::One(self.send(client, purpose, 0, commands, deadline))
+        }
+    }
+
+    /// Starts a round on every member: each given ttl/10 (at least 10 ms, at most the I/O
+    /// timeout), never past `cutoff`.
+    fn round(
+        &mut self,
+        client: usize,
+        purpose: Purpose,
+        what: RoundFor,
+        commands: Vec<Vec<Vec<u8>>>,
+        ttl: Duration,
+        cutoff: Option<Instant>,
+    ) -> Round {
+        let started = self.local(client);
+        let per = crate::backend::members::per_member(ttl, self.cfg.io_timeout);
+        let mut until = started + per;
+        if let Some(cutoff) = cutoff {
+            until = until.min(cutoff);
+        }
+        let deadline = self.virtual_at(client, until).max(self.now);
+        let requests: Vec<Option<ReqId>> = (0..self.servers.len())
+            .map(|server| Some(self.send(client, purpose, server, commands.clone(), deadline)))
+            .collect();
+        let answers = requests.iter().map(|_| None).collect();
+        Round {
+            what,
+            requests,
+            answers,
+            started,
+            ttl,
+        }
+    }
+
+    /// Notes a member's answer in a round; the round, when every member answered.
+    fn round_answer(request: &mut Request, id: ReqId, answer: Answered) -> Option<Round> {
+        let Request::Round(round) = request else {
+            return None;
+        };
+        let member = round.requests.iter().position(|r| *r == Some(id))?;
+        round.requests[member] = None;
+        round.answers[member] = Some(answer.map(|(values, _)| values));
+        if round.answers.iter().any(Option::is_none) {
+            return None;
+        }
+        Some(Round {
+            what: round.what,
+            requests: Vec::new(),
+            answers: std::mem::take(&mut round.answers),
+            started: round.started,
+            ttl: round.ttl,
+        })
+    }
+
+    /// Whether `request` is the one that `id` answers (a round's member, or itself).
+    fn answers(request: &Request, id: ReqId) -> bool {
+        match request {
+            Request::One(one) => *one == id,
+            Request::Round(round) => round.requests.contains(&Some(id)),
+        }
+    }
+
+    /// A request's answer reached its client.
+    pub(crate) fn answered(&mut self, id: ReqId, answer: Answered) {
+        let Some(sent) = self.sent.get(&id) else {
+            return;
+        };
+        let (client, purpose, ran_at) = (sent.client, sent.purpose, sent.answered_at);
+        match purpose {
+            Purpose::Background => {}
+            Purpose::Task(task) => self.task_answered(client, task, id, ran_at, answer),
+            Purpose::Renewal(lease) => self.renewal_answered(client, lease, id, answer),
+        }
+    }
+
+    fn task_answered(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        id: ReqId,
+        ran_at: Option<Micros>,
+        answer: Answered,
+    ) {
+        match std::mem::replace(self.op(client, task), Op::Idle) {
+            Op::Acquiring(mut acq) => {
+                let pending = std::mem::replace(&mut acq.pending, Pending::Nothing);
+                match pending {
+                    Pending::Attempt { request, blocked } if Self::answers(&request, id) => {
+                        self.attempt_answered(
+                            client, task, acq, request, blocked, id, ran_at, answer,
+                        );
+                    }
+                    Pending::Extend(mut request) if Self::answers(&request, id) => {
+                        let result = match &mut request {
+                            Request::One(_) => Some(answer.and_then(|(values, sent_at)| {
+                                calls::read_extend(values, None, sent_at)
+                                    .map(|a| (a.reply, a.sent_at))
+                            })),
+                            Request::Round(_) => Self::round_answer(&mut request, id, answer)
+                                .map(|round| extend_verdict(&round).map(|r| (r, round.started))),
+                        };
+                        match result {
+                            Some(result) => self.step(client, task, acq, Event::Extended(result)),
+                            None => {
+                                acq.pending = Pending::Extend(request);
+                                *self.op(client, task) = Op::Acquiring(acq);
+                            }
+                        }
+                    }
+                    Pending::GiveBack(mut request) if Self::answers(&request, id) => {
+                        let result = match &mut request {
+                            Request::One(_) => {
+                                Some(answer.and_then(|(values, _)| calls::read_release(values)))
+                            }
+                            Request::Round(_) => Self::round_answer(&mut request, id, answer)
+                                .map(|round| release_verdict(&round)),
+                        };
+                        match result {
+                            Some(result) => {
+                                self.step(client, task, acq, Event::GaveBack(Some(result)))
+                            }
+                            None => {
+                                acq.pending = Pending::GiveBack(request);
+                                *self.op(client, task) = Op::Acquiring(acq);
+                            }
+                        }
+                    }
+                    pending => {
+                        acq.pending = pending;
+                        *self.op(client, task) = Op::Acquiring(acq);
+                    }
+                }
+            }
+            Op::Extending(
+                holding,
+                GateStage::Extend {
+                    mut request,
+                    attempt_at,
+                    ttl,
+                },
+                started,
+            ) if Self::answers(&request, id) => {
+                let outcome = match &mut request {
+                    Request::One(_) => Some(extend_outcome(answer)),
+                    Request::Round(_) => {
+                        Self::round_answer(&mut request, id, answer).map(|round| {
+                            match extend_verdict(&round) {
+                                Ok(reply) => ExtendOutcome::Replied {
+                                    reply,
+                                    sent_at: round.started,
+                                },
+                                Err(e) => ExtendOutcome::Failed {
+                                    unknown: e.outcome_unknown(),
+                                },
+                            }
+                        })
+                    }
+                };
+                match outcome {
+                    Some(outcome) => {
+                        self.extended(client, task, holding, attempt_at, ttl, outcome, started)
+                    }
+                    None => {
+                        let stage = GateStage::Extend {
+                            request,
+                            attempt_at,
+                            ttl,
+                        };
+                        *self.op(client, task) = Op::Extending(holding, stage, started);
+                    }
+                }
+            }
+            Op::Releasing(
+                holding,
+                GateStage::Release {
+                    mut request,
+                    broken,
+                    sent,
+                },
+                started,
+            ) if Self::answers(&request, id) => {
+                let reply = match &mut request {
+                    Request::One(_) => {
+                        Some(answer.and_then(|(values, _)| calls::read_release(values)))
+                    }
+                    Request::Round(_) => Self::round_answer(&mut request, id, answer)
+                        .map(|round| release_verdict(&round)),
+                };
+                match reply {
+                    Some(reply) => {
+                        self.released(client, task, holding, broken, reply, sent, ran_at)
+                    }
+                    None => {
+                        let stage = GateStage::Release {
+                            request,
+                            broken,
+                            sent,
+                        };
+                        *self.op(client, task) = Op::Releasing(holding, stage, started);
+                    }
+                }
+            }
+            op => *self.op(client, task) = op,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attempt_answered(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        mut acq: Box<Acquiring>,
+        mut request: Request,
+        blocked: bool,
+        id: ReqId,
+        ran_at: Option<Micros>,
+        answer: Answered,
+    ) {
+        if let Request::One(_) = request {
+            if blocked {
+                self.clients[client].blocking -= 1;
+            }
+            let event = match answer {
+                Ok((values, sent_at)) => {
+                    let read = calls::read_attempt(values, blocked, None, sent_at);
+                    if let Ok(Answer {
+                        reply: AttemptReply::Granted { .. },
+                        ..
+                    }) = &read
+                    {
+                        acq.granted_at = ran_at;
+                    }
+                    Event::Attempted(read)
+                }
+                Err(e) => Event::Attempted(Err(e)),
+            };
+            return self.step(client, task, acq, event);
+        }
+        let Some(round) = Self::round_answer(&mut request, id, answer) else {
+            acq.pending = Pending::Attempt { request, blocked };
+            *self.op(client, task) = Op::Acquiring(acq);
+            return;
+        };
+        match round.what {
+            RoundFor::Attempt => {
+                let answers: Vec<Result<AttemptReply>> = round
+                    .answers
+                    .iter()
+                    .map(|a| match a {
+                        Some(Ok(values)) => {
+                            calls::read_attempt(values.clone(), false, None, round.started)
+                                .map(|a| a.reply)
+                        }
+                        Some(Err(e)) => Err(e.clone()),
+                        None => Err(Error::new(ErrorKind::Timeout, "no reply").sent()),
+                    })
+                    .collect();
+                let names = member_names(answers.len());
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let now = self.local(client);
+                match quorum::acquire(
+                    &acq.spec.key,
+                    &answers,
+                    &names,
+                    round.started,
+                    round.ttl,
+                    now,
+                ) {
+                    AcquireVerdict::Granted => {
+                        acq.granted_at = Some(self.now);
+                        let answer = Answer {
+                            reply: AttemptReply::Granted {
+                                fencing_token: 0,
+                                lease: round.ttl,
+                            },
+                            sent_at: round.started,
+                            unacknowledged: None,
+                        };
+                        self.step(client, task, acq, Event::Attempted(Ok(answer)));
+                    }
+                    AcquireVerdict::GiveBack(error) => {
+                        // Given back on every member (those that did not answer too), under
+                        // the attempt's token, before the machine hears of it.
+                        let keys = self.keys(acq.name);
+                        let token = acq.machine.token().to_owned();
+                        let commands = vec![self.release_args(
+                            client,
+                            &acq.kind.clone(),
+                            &keys,
+                            &token,
+                            false,
+                        )];
+                        let give_back = self.round(
+                            client,
+                            Purpose::Task(task),
+                            RoundFor::AttemptGiveBack,
+                            commands,
+                            round.ttl,
+                            None,
+                        );
+                        acq.failed = Some(error);
+                        acq.pending = Pending::Attempt {
+                            request: Request::Round(give_back),
+                            blocked: false,
+                        };
+                        *self.op(client, task) = Op::Acquiring(acq);
+                    }
+                }
+            }
+            _ => {
+                let error = acq
+                    .failed
+                    .take()
+                    .unwrap_or_else(|| Error::new(ErrorKind::Busy, "not granted"));
+                let event = if error.kind() == ErrorKind::Busy {
+                    Event::Attempted(Ok(Answer {
+                        reply: AttemptReply::Busy { holder_pttl: None },
+                        sent_at: round.started,
+                        unacknowledged: None,
+                    }))
+                } else {
+                    Event::Attempted(Err(error))
+                };
+                self.step(client, task, acq, event);
+            }
+        }
+    }
+
+    /// An acquire ended: a hold (joined to the lease its owner holds here, or a lease of
+    /// its own), or nothing.
+    fn acquire_done(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        acq: Box<Acquiring>,
+        result: Result<Acquired>,
+    ) {
+        let now = self.local(client);
+        let took = now.saturating_duration_since(acq.started);
+        let paused = self.clients[client].pauses != acq.pauses;
+        let vnow = self.now;
+        self.check
+            .acquire_took(vnow, &acq.spec, acq.started, took, paused);
+        let Acquired {
+            granted,
+            token,
+            reentered,
+        } = match result {
+            Ok(acquired) => acquired,
+            Err(e) => {
+                self.trace.line(self.now, || {
+                    format!(
+                        "c{client}/t{task} acquire of {:?} failed: {e}",
+                        acq.spec.key
+                    )
+                });
+                return self.think(client, task);
+            }
+        };
+        let joined = reentered
+            .as_deref()
+            .and_then(|lock_token| self.join(client, &acq, lock_token, &granted, &token));
+        let lease = match joined {
+            Some(lease) => lease,
+            None => {
+                let id = self.clients[client].leases.len();
+                let granted_at = acq.granted_at.unwrap_or(self.now);
+                let lease_token = reentered.clone().unwrap_or_else(|| token.clone());
+                let keys = self.keys(acq.name);
+                self.clients[client].leases.push(SimLease {
+                    name: acq.name,
+                    token: lease_token.clone(),
+                    kind: acq.kind.clone(),
+                    keys,
+                    clock: LeaseClock::new(acq.spec.ttl, granted.lease, granted.sent_at),
+                    fencing: granted.fencing_token,
+                    renew: acq.spec.renew,
+                    holds: vec![token.clone()],
+                    granted_at,
+                    gate_busy: false,
+                    gate_closed: false,
+                    gate_waiters: Vec::new(),
+                    renewal: None,
+                });
+                if acq.spec.renew {
+                    self.schedule_renewal(client, id);
+                }
+                if reentered.is_none() {
+                    self.check.told_granted(
+                        acq.name,
+                        granted_at,
+                        granted.fencing_token,
+                        &lease_token,
+                    );
+                }
+                id
+            }
+        };
+        if self.trace.enabled {
+            let l = &self.clients[client].leases[lease];
+            let until = self.virtual_at(client, l.clock.deadline()) as f64 / 1000.0;
+            let line = format!(
+                "c{client}/t{task} holds {:?} as {} (lease {}, fencing {}) until {until:.3} ms",
+                acq.spec.key,
+                short(&token),
+                short(&l.token),
+                l.fencing,
+            );
+            self.trace.line(self.now, || line);
+        }
+        // The critical section: shorter or longer than the lease.
+        let length = Duration::from_micros(self.rng.u64(0..=micros(acq.spec.ttl) * 3 / 2));
+        let extend = (self.rng.u32(0..4) == 0)
+            .then(|| Duration::from_millis(*self.rng.choice(&[20u64, 200, 1000]).unwrap_or(&200)));
+        let at = self.virtual_at(client, now + length);
+        *self.op(client, task) = Op::Holding(Holding {
+            lease,
+            hold: token,
+            extend,
+            checked: false,
+        });
+        self.at(at, WorldEvent::Wake { client, task });
+    }
+
+    /// A re-entry: the new hold joins the lease this client holds under `lock_token` if it
+    /// is still held here; `None` otherwise (the hold gets a lease of its own).
+    fn join(
+        &mut self,
+        client: usize,
+        acq: &Acquiring,
+        lock_token: &str,
+        granted: &crate::core::acquire::Granted,
+        hold: &str,
+    ) -> Option<LeaseId> {
+        let now = self.local(client);
+        let id = self.clients[client].leases.iter().position(|l| {
+            l.name == acq.name && l.token == lock_token && !l.gate_closed && l.believed(now)
+        })?;
+        let start_renewal = {
+            let lease = &mut self.clients[client].leases[id];
+            lease
+                .clock
+                .reentered(acq.spec.ttl, granted.lease, granted.sent_at);
+            lease.holds.push(hold.to_owned());
+            let start = acq.spec.renew && !lease.renew;
+            lease.renew |= acq.spec.renew;
+            start
+        };
+        if start_renewal {
+            self.schedule_renewal(client, id);
+        }
+        Some(id)
+    }
+
+    fn think(&mut self, client: usize, task: TaskId) {
+        *self.op(client, task) = Op::Idle;
+        let at = self.now + self.rng.u64(0..MAX_THINK);
+        self.at(at, WorldEvent::Wake { client, task });
+    }
+
+    /// A critical section ends: perhaps an extend first, then the release.
+    fn hold_ends(&mut self, client: usize, task: TaskId, mut holding: Holding) {
+        let now = self.local(client);
+        holding.checked = true;
+        if holding.extend.is_some() {
+            *self.op(client, task) = Op::Extending(holding, GateStage::Waiting, now);
+            return self.enter_gate(client, task);
+        }
+        *self.op(client, task) = Op::Releasing(holding, GateStage::Waiting, now);
+        self.leave_hold(client, task);
+    }
+
+    /// A thread wants its lease's gate for an extend: takes it, or waits for it.
+    fn enter_gate(&mut self, client: usize, task: TaskId) {
+        let Op::Extending(holding, _, started) = std::mem::replace(self.op(client, task), Op::Idle)
+        else {
+            return;
+        };
+        let now = self.local(client);
+        let lease = &mut self.clients[client].leases[holding.lease];
+        if lease.gate_closed {
+            // Released meanwhile by another hold: the extend finds it not held.
+            *self.op(client, task) = Op::Extending(holding, GateStage::Waiting, started);
+            return self.extend_refused(client, task, LostReason::NotHeld);
+        }
+        if lease.gate_busy {
+            lease.gate_waiters.push(task);
+            *self.op(client, task) = Op::Extending(holding, GateStage::Waiting, started);
+            return;
+        }
+        lease.gate_busy = true;
+        let ttl = holding.extend.unwrap_or(Duration::from_millis(200));
+        if let Err(reason) = lease.clock.before_extend(now, ttl) {
+            *self.op(client, task) = Op::Extending(holding, GateStage::Waiting, started);
+            return self.extend_refused(client, task, reason);
+        }
+        let cutoff = Some(lease.clock.deadline());
+        let (kind, keys, token) = (lease.kind.clone(), lease.keys.clone(), lease.token.clone());
+        let h = Hold {
+            kind: &kind,
+            keys: &keys,
+            token: &token,
+        };
+        let commands = calls::extend(h, ttl, None).iter().map(args).collect();
+        let request = self.request(
+            client,
+            Purpose::Task(task),
+            RoundFor::Extend,
+            commands,
+            ttl,
+            cutoff,
+        );
+        let stage = GateStage::Extend {
+            request,
+            attempt_at: now,
+            ttl,
+        };
+        // The extend's bound counts from the gate.
+        *self.op(client, task) = Op::Extending(holding, stage, now);
+    }
+
+    /// An extend that found the lock lost before sending anything: the thread releases.
+    fn extend_refused(&mut self, client: usize, task: TaskId, reason: LostReason) {
+        let Op::Extending(mut holding, _, _) = std::mem::replace(self.op(client, task), Op::Idle)
+        else {
+            return;
+        };
+        self.trace.line(self.now, || {
+            format!("c{client}/t{task} extend: lost ({reason})")
+        });
+        let lease = &self.clients[client].leases[holding.lease];
+        if lease.gate_busy && !lease.gate_closed {
+            self.free_gate(client, holding.lease);
+        }
+        holding.extend = None;
+        let now = self.local(client);
+        *self.op(client, task) = Op::Releasing(holding, GateStage::Waiting, now);
+        self.leave_hold(client, task);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn extended(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        mut holding: Holding,
+        attempt_at: Instant,
+        ttl: Duration,
+        outcome: ExtendOutcome,
+        started: Instant,
+    ) {
+        let now = self.local(client);
+        let verdict = self.clients[client].leases[holding.lease]
+            .clock
+            .after_extend(ttl, attempt_at, outcome, now);
+        self.trace.line(self.now, || {
+            format!("c{client}/t{task} extend to {ttl:?}: {outcome:?} -> {verdict:?}")
+        });
+        self.free_gate(client, holding.lease);
+        let vnow = self.now;
+        let paused = self.clients[client].paused_until.is_some();
+        self.check
+            .extend_took(vnow, now.saturating_duration_since(started), paused);
+        holding.extend = None;
+        // A little more of the critical section; then the release.
+        let at = self.now + self.rng.u64(0..MAX_THINK);
+        *self.op(client, task) = Op::Holding(holding);
+        self.at(at, WorldEvent::Wake { client, task });
+    }
+
+    /// The gate of a lease is free again: the waiting threads try it in turn (a release
+    /// that waited closes it).
+    fn free_gate(&mut self, client: usize, lease: LeaseId) {
+        let l = &mut self.clients[client].leases[lease];
+        l.gate_busy = false;
+        for task in std::mem::take(&mut l.gate_waiters) {
+            match &self.clients[client].tasks[task].op {
+                Op::Extending(..) => self.enter_gate(client, task),
+                Op::Releasing(..) => self.close_gate_and_release(client, task),
+                _ => {}
+            }
+        }
+    }
+
+    /// A thread gives its hold back: the last hold of a lease closes its gate (waiting for
+    /// an extend or renewal in flight), which stops renewal; then the release is sent.
+    fn leave_hold(&mut self, client: usize, task: TaskId) {
+        let Op::Releasing(holding, _, _) = &self.clients[client].tasks[task].op else {
+            return;
+        };
+        let (lease, hold) = (holding.lease, holding.hold.clone());
+        let l = &mut self.clients[client].leases[lease];
+        l.holds.retain(|h| *h != hold);
+        if l.holds.is_empty() {
+            self.close_gate_and_release(client, task);
+        } else {
+            self.send_release(client, task);
+        }
+    }
+
+    fn close_gate_and_release(&mut self, client: usize, task: TaskId) {
+        let Op::Releasing(holding, _, _) = &self.clients[client].tasks[task].op else {
+            return;
+        };
+        let lease = holding.lease;
+        let l = &mut self.clients[client].leases[lease];
+        if l.gate_busy {
+            l.gate_waiters.push(task);
+            return;
+        }
+        l.gate_closed = true;
+        self.send_release(client, task);
+    }
+
+    fn send_release(&mut self, client: usize, task: TaskId) {
+        let Op::Releasing(holding, _, started) = std::mem::replace(self.op(client, task), Op::Idle)
+        else {
+            return;
+        };
+        let now = self.local(client);
+        let l = &mut self.clients[client].leases[holding.lease];
+        // Decided before the release is sent.
+        let broken = l.clock.broken(now);
+        if l.gate_closed {
+            l.clock.mark_released();
+        }
+        let ttl = l.clock.renewal_ttl();
+        let (kind, keys) = (l.kind.clone(), l.keys.clone());
+        let commands = vec![self.release_args(client, &kind, &keys, &holding.hold, false)];
+        let request = self.request(
+            client,
+            Purpose::Task(task),
+            RoundFor::Release,
+            commands,
+            ttl,
+            None,
+        );
+        let stage = GateStage::Release {
+            request,
+            broken,
+            sent: now,
+        };
+        *self.op(client, task) = Op::Releasing(holding, stage, started);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn released(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        holding: Holding,
+        broken: Option<crate::core::lease::Broken>,
+        reply: Result<ReleaseReply>,
+        sent: Instant,
+        ran_at: Option<Micros>,
+    ) {
+        let ok = matches!((&reply, broken), (Ok(r), None) if r.was_held());
+        self.trace.line(self.now, || {
+            format!(
+                "c{client}/t{task} released {}: {reply:?}, broken {broken:?} -> {}",
+                short(&holding.hold),
+                if ok { "Ok" } else { "not Ok" }
+            )
+        });
+        let now = self.local(client);
+        let l = &self.clients[client].leases[holding.lease];
+        let (name, kind, token, granted_at) =
+            (l.name, l.kind.clone(), l.token.clone(), l.granted_at);
+        let exempt = self.redlock() || self.data_lost_at.iter().any(|t| *t >= granted_at);
+        let paused = self.clients[client].paused_until.is_some();
+        let at = ran_at.unwrap_or(self.now);
+        self.check.released(
+            at,
+            now.saturating_duration_since(sent),
+            paused,
+            ok,
+            name,
+            &kind,
+            &token,
+            granted_at,
+            exempt,
+        );
+        self.think(client, task);
+    }
+
+    fn schedule_renewal(&mut self, client: usize, lease: LeaseId) {
+        let due = self.clients[client].leases[lease].clock.next_renewal();
+        let at = self.virtual_at(client, due);
+        self.at(at, WorldEvent::Renew { client, lease });
+    }
+
+    /// A lease's renewal is due: it renews (with the gate), or finds the lease lost.
+    pub(crate) fn renewal_due(&mut self, client: usize, lease: LeaseId) {
+        let now = self.local(client);
+        let l = &mut self.clients[client].leases[lease];
+        if l.gate_closed || l.clock.lost().is_some() || l.renewal.is_some() {
+            return;
+        }
+        match l.clock.renewal_step(now) {
+            RenewalStep::Wait(due) => {
+                let at = self.virtual_at(client, due);
+                self.at(at, WorldEvent::Renew { client, lease });
+            }
+            RenewalStep::Expired => {
+                l.clock.lose_if_expired(now);
+                self.trace.line(self.now, || {
+                    format!("c{client} lease {lease} lost: not renewed before its deadline")
+                });
+            }
+            RenewalStep::Renew { ttl, cutoff } => {
+                if l.gate_busy {
+                    self.at(self.now + GATE_RETRY, WorldEvent::Renew { client, lease });
+                    return;
+                }
+                l.gate_busy = true;
+                if l.clock.before_extend(now, ttl).is_err() {
+                    l.gate_busy = false;
+                    return;
+                }
+                let (kind, keys, token) = (l.kind.clone(), l.keys.clone(), l.token.clone());
+                let h = Hold {
+                    kind: &kind,
+                    keys: &keys,
+                    token: &token,
+                };
+                let commands = calls::extend(h, ttl, None).iter().map(args).collect();
+                let request = self.request(
+                    client,
+                    Purpose::Renewal(lease),
+                    RoundFor::Extend,
+                    commands,
+                    ttl,
+                    Some(cutoff),
+                );
+                self.clients[client].leases[lease].renewal = Some((request, now, ttl));
+            }
+        }
+    }
+
+    fn renewal_answered(&mut self, client: usize, lease: LeaseId, id: ReqId, answer: Answered) {
+        let Some((mut request, attempt_at, ttl)) =
+            self.clients[client].leases[lease].renewal.take()
+        else {
+            return;
+        };
+        if !Self::answers(&request, id) {
+            self.clients[client].leases[lease].renewal = Some((request, attempt_at, ttl));
+            return;
+        }
+        let outcome = match &mut request {
+            Request::One(_) => Some(extend_outcome(answer)),
+            Request::Round(_) => Self::round_answer(&mut request, id, answer).map(|round| {
+                match extend_verdict(&round) {
+                    Ok(reply) => ExtendOutcome::Replied {
+                        reply,
+                        sent_at: round.started,
+                    },
+                    Err(e) => ExtendOutcome::Failed {
+                        unknown: e.outcome_unknown(),
+                    },
+                }
+            }),
+        };
+        let Some(outcome) = outcome else {
+            self.clients[client].leases[lease].renewal = Some((request, attempt_at, ttl));
+            return;
+        };
+        let now = self.local(client);
+        let l = &mut self.clients[client].leases[lease];
+        let verdict = l.clock.after_extend(ttl, attempt_at, outcome, now);
+        let next = match verdict {
+            ExtendVerdict::Extended { .. } => Some(l.clock.next_renewal()),
+            ExtendVerdict::Lost { .. } => None,
+            ExtendVerdict::Failed if l.clock.lose_if_expired(now) => None,
+            ExtendVerdict::Failed => Some(l.clock.retry_at(now, ttl)),
+        };
+        self.trace.line(self.now, || {
+            format!("c{client} lease {lease} renewal: {outcome:?} -> {verdict:?}")
+        });
+        self.free_gate(client, lease);
+        if let Some(next) = next {
+            let at = self.virtual_at(client, next);
+            self.at(at, WorldEvent::Renew { client, lease });
+        }
+    }
+}
+
+/// The arguments of a call, as the server receives them.
+fn args(call: &crate::backend::call::Call) -> Vec<Vec<u8>> {
+    match redis::parse_redis_value(call.packed()) {
+        Ok(Value::Array(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::BulkString(b) => b,
+                other => format!("{other:?}").into_bytes(),
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// An extend's answer as the clock takes it.
+fn extend_outcome(answer: Answered) -> ExtendOutcome {
+    match answer.and_then(|(values, sent_at)| calls::read_extend(values, None, sent_at)) {
+        Ok(answer) => ExtendOutcome::Replied {
+            reply: answer.reply,
+            sent_at: answer.sent_at,
+        },
+        Err(e) => ExtendOutcome::Failed {
+            unknown: e.outcome_unknown(),
+        },
+    }
+}
+
+fn member_names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("s{i}")).collect()
+}
+
+/// A Redlock extend round, counted.
+fn extend_verdict(round: &Round) -> Result<ExtendReply> {
+    let answers: Vec<Result<ExtendReply>> = round
+        .answers
+        .iter()
+        .map(|a| match a {
+            Some(Ok(values)) => {
+                calls::read_extend(values.clone(), None, round.started).map(|a| a.reply)
+            }
+            Some(Err(e)) => Err(e.clone()),
+            None => Err(Error::new(ErrorKind::Timeout, "no reply").sent()),
+        })
+        .collect();
+    let names = member_names(answers.len());
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    quorum::extend("m", &answers, &names)
+}
+
+/// A Redlock release round, counted.
+fn release_verdict(round: &Round) -> Result<ReleaseReply> {
+    let answers: Vec<Result<ReleaseReply>> = round
+        .answers
+        .iter()
+        .map(|a| match a {
+            Some(Ok(values)) => calls::read_release(values.clone()),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err(Error::new(ErrorKind::Timeout, "no reply").sent()),
+        })
+        .collect();
+    let names = member_names(answers.len());
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    quorum::release("m", &answers, &names)
+}
