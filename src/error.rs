@@ -183,12 +183,6 @@ impl Error {
         }
     }
 
-    /// Appends `more` to the message, keeping the kind.
-    pub(crate) fn with_detail(mut self, more: &str) -> Self {
-        self.message.push_str(more);
-        self
-    }
-
     /// Prefixes the message with what was being done, keeping the kind.
     pub(crate) fn context(mut self, doing: &str) -> Self {
         self.message = format!("{doing}: {}", self.message);

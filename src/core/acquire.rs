@@ -65,7 +65,9 @@ pub(crate) struct AcquireSpec {
     /// The lock will be renewed: a short lease needs no extend before the acquire returns.
     pub renew: bool,
     /// The deployment lets waiters block on the server for a release (registrations, wake
-    /// lists, grants); otherwise a waiter sleeps between attempts.
+    /// lists, grants); otherwise (a quorum) a waiter sleeps between attempts, and every
+    /// attempt that is not granted is given back first: it may hold part of the lock (a
+    /// minority of members).
     pub blocks: bool,
     pub bounds: Bounds,
 }
@@ -182,6 +184,10 @@ enum Phase {
 enum AfterGiveBack {
     /// A grant that could not be used was given back: try again (under a fresh token).
     TryAgain { last: bool },
+    /// A quorum attempt that was not granted was given back: back off, then try again.
+    BackOff { holder_pttl: Option<Duration> },
+    /// A quorum attempt that failed was given back: pause, then try again.
+    Recover,
     /// The acquire fails with this error.
     Fail(Error),
     /// A grant too few replicas acknowledged was rolled back: fail with this error.
@@ -364,6 +370,10 @@ impl AcquireMachine {
         now: Instant,
     ) -> Action {
         self.phase = Phase::Attempting { mode, last, block };
+        if !self.spec.blocks {
+            // A quorum may hold part of any attempt under this token until it is given back.
+            self.registered = true;
+        }
         Action::Attempt(AttemptPlan {
             token: self.token.clone(),
             mode,
@@ -429,23 +439,22 @@ impl AcquireMachine {
                 now,
             ),
             // A last attempt withdrew on the server; a single attempt never registered.
+            // A quorum may hold part of the attempt (a minority): given back first.
+            AttemptReply::Busy { .. } if last && !self.spec.blocks => {
+                let busy = self.busy();
+                self.give_back(AfterGiveBack::Fail(busy), false, now)
+            }
+            AttemptReply::Busy { holder_pttl } if !self.spec.blocks => {
+                self.give_back(AfterGiveBack::BackOff { holder_pttl }, false, now)
+            }
+            // A last attempt withdrew on the server; a single attempt never registered.
             AttemptReply::Busy { .. } if last => Action::Done(Err(self.busy())),
             AttemptReply::Busy { holder_pttl } => {
                 self.failing_since = None;
                 self.refused_since = None;
                 self.holder_pttl = holder_pttl;
-                if self.spec.blocks {
-                    self.registered = true;
-                    self.next_attempt(now, cancelled)
-                } else {
-                    // A deployment that cannot block gave back whatever the attempt took
-                    // (a minority of grants): the next attempt goes under a fresh token.
-                    self.fresh_token();
-                    let left = self.spec.wait.left(now);
-                    let pause = self.backoff.next(left, holder_pttl, self.grace);
-                    self.phase = Phase::BackingOff;
-                    Action::Pause { until: now + pause }
-                }
+                self.registered = true;
+                self.next_attempt(now, cancelled)
             }
         }
     }
@@ -491,19 +500,17 @@ impl AcquireMachine {
                 return self.give_up(e, false, now);
             }
             log::debug!("waiting for {:?}: {e}; trying again", self.spec.key);
+            if !self.spec.blocks {
+                return self.give_back(AfterGiveBack::Recover, false, now);
+            }
             return self.recover(now);
         }
         self.registered |= e.outcome_unknown();
         self.give_up(e, false, now)
     }
 
-    /// Pauses a little after a failure, then tries again with a plain attempt (under a
-    /// fresh token where attempts are not repeated: a deployment that cannot block gives
-    /// back what a failed attempt may have taken).
+    /// Pauses a little after a failure, then tries again with a plain attempt.
     fn recover(&mut self, now: Instant) -> Action {
-        if !self.spec.blocks {
-            self.fresh_token();
-        }
         let left = self.spec.wait.left(now).unwrap_or(RECOVERY_PAUSE);
         self.plain_next = true;
         self.phase = Phase::BackingOff;
@@ -647,6 +654,18 @@ impl AcquireMachine {
                 }
                 self.try_again(last, now, cancelled)
             }
+            AfterGiveBack::BackOff { holder_pttl } => {
+                self.failing_since = None;
+                self.refused_since = None;
+                if self.spec.wait.waits() && cancelled {
+                    return Action::Done(Err(cancelled_error()));
+                }
+                let left = self.spec.wait.left(now);
+                let pause = self.backoff.next(left, holder_pttl, self.grace);
+                self.phase = Phase::BackingOff;
+                Action::Pause { until: now + pause }
+            }
+            AfterGiveBack::Recover => self.recover(now),
         }
     }
 
@@ -980,18 +999,28 @@ mod tests {
         assert_eq!(p.mode, Mode::Waiter, "the fresh token registers afresh");
     }
 
-    /// The Redlock case of the protocol-core issue: a deployment that cannot block gives
-    /// back each attempt that was not granted; the retry must not count a member that
-    /// still holds the old token.
+    /// The Redlock case of the protocol-core issue: a deployment that cannot block may hold
+    /// part of an attempt that was not granted; it is given back, and the retry goes under
+    /// a fresh token, so that it never counts a member that still holds the old one.
     #[test]
-    fn a_waiter_that_cannot_block_retries_under_a_fresh_token_each_time() {
+    fn a_waiter_that_cannot_block_gives_back_and_retries_under_a_fresh_token_each_time() {
         let t0 = Instant::now();
         let mut m = machine(Wait::Until(t0 + 10 * S), false, true, 10 * S, t0);
         let mut now = t0;
         let mut tokens = vec![plan(m.step(Event::Start, now, false)).token];
         for _ in 0..4 {
             now += 5 * MS;
-            let until = match m.step(answer(busy(), now), now, false) {
+            match m.step(answer(busy(), now), now, false) {
+                Action::GiveBack {
+                    token, background, ..
+                } => {
+                    assert_eq!(&token, tokens.last().unwrap(), "the attempt's own token");
+                    assert!(!background);
+                }
+                other => panic!("{other:?}"),
+            }
+            // Even when the give-back's reply is lost.
+            let until = match m.step(Event::GaveBack(Some(Err(unanswered()))), now, false) {
                 Action::Pause { until } => until,
                 other => panic!("{other:?}"),
             };
@@ -1008,17 +1037,33 @@ mod tests {
             unique, tokens,
             "a token was used for two attempts: {tokens:?}"
         );
-        // An unreachable quorum: tried again under a fresh token too.
-        let until = match m.step(
-            Event::Attempted(Err(Error::new(ErrorKind::Connection, "1 of 3"))),
-            now,
-            false,
-        ) {
+        // An unreachable quorum: given back and tried again under a fresh token too.
+        let unreachable = Error::new(ErrorKind::Connection, "1 of 3");
+        assert!(matches!(
+            m.step(Event::Attempted(Err(unreachable)), now, false),
+            Action::GiveBack { .. }
+        ));
+        let until = match m.step(Event::GaveBack(None), now, false) {
             Action::Pause { until } => until,
             other => panic!("{other:?}"),
         };
         let p = plan(m.step(Event::Paused(Ok(())), until, false));
         assert!(!tokens.contains(&p.token));
+        // The last attempt that is not granted is given back too, then fails busy.
+        let mut m = machine(Wait::No, false, true, 10 * S, t0);
+        plan(m.step(Event::Start, t0, false));
+        assert!(matches!(
+            m.step(answer(busy(), t0), t0 + MS, false),
+            Action::GiveBack { .. }
+        ));
+        match m.step(
+            Event::GaveBack(Some(Ok(ReleaseReply::Released))),
+            t0 + 2 * MS,
+            false,
+        ) {
+            Action::Done(Err(e)) => assert_eq!(e.kind(), ErrorKind::Busy),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! answers are counted ([`crate::core::quorum`]).
 //!
 //! - An attempt sends the same token to every member (the acquire script, as a single
-//!   attempt); when it is not granted on a majority in time, it is given back on every
-//!   member, those that did not answer included, before the error is returned. A waiter
+//!   attempt). When it is not granted on a majority in time, the acquire gives it back on
+//!   every member, those that did not answer included (the machine of
+//!   [`crate::core::acquire`] does, within the call's bounds), before it goes on. A waiter
 //!   sleeps between attempts (no wake-up across members) and never repeats a token.
 //! - Each member gets much less than the ttl per round: ttl/10, at least 10 ms, at most
 //!   the I/O timeout (the Redis documentation's "5-50 ms for a 10 s ttl" is for a LAN).
@@ -142,7 +143,7 @@ impl LockServer for Quorum {
     }
 
     fn attempt(&self, request: &AttemptRequest<'_>) -> Result<Option<Answer<AttemptReply>>> {
-        let Hold { kind, keys, token } = request.hold;
+        let keys = request.hold.keys;
         let call = calls::attempt_script(request.hold, request.ttl, Mode::Once, request.grace);
         let start = Instant::now();
         let answers = self.round(
@@ -171,38 +172,16 @@ impl LockServer for Quorum {
                 sent_at: start,
                 unacknowledged: None,
             })),
-            AcquireVerdict::GiveBack(error) => {
-                let gave_back = self.round(
-                    &keys.lock,
-                    self.release_call(kind, keys, token, false),
-                    Lane::Urgent,
-                    request.ttl,
-                    None,
-                    reply::release,
-                );
-                let failed: Vec<String> = gave_back
-                    .iter()
-                    .zip(&names)
-                    .filter_map(|(r, name)| r.as_ref().err().map(|e| format!("{name}: {e}")))
-                    .collect();
-                let error = if failed.is_empty() {
-                    error
-                } else {
-                    error.with_detail(&format!(
-                        "; giving it back failed on {} (it lapses there after its ttl)",
-                        failed.join("; ")
-                    ))
-                };
-                match error.kind() {
-                    // Held elsewhere: an answer, like a single server's.
-                    ErrorKind::Busy => Ok(Some(Answer {
-                        reply: AttemptReply::Busy { holder_pttl: None },
-                        sent_at: start,
-                        unacknowledged: None,
-                    })),
-                    _ => Err(error),
-                }
+            // Not held: the caller gives the attempt back (a minority may hold it) before
+            // it goes on, within its own bounds.
+            AcquireVerdict::GiveBack(error) if error.kind() == ErrorKind::Busy => {
+                Ok(Some(Answer {
+                    reply: AttemptReply::Busy { holder_pttl: None },
+                    sent_at: start,
+                    unacknowledged: None,
+                }))
             }
+            AcquireVerdict::GiveBack(error) => Err(error),
         }
     }
 

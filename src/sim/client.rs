@@ -33,6 +33,29 @@ pub(crate) struct Client {
     next_token: u64,
     /// Waiters of this client blocked on a server now (the blocking lane).
     pub blocking: usize,
+    /// Renewals pipelined together (the node's batcher).
+    pub batch: Batch,
+}
+
+/// A client's renewal batcher: renewals queued for the next batch, and the batches in
+/// flight.
+#[derive(Default)]
+pub(crate) struct Batch {
+    pub queue: Vec<Queued>,
+    /// A batch is being gathered (its write is due shortly).
+    pub gathering: bool,
+    pub in_flight: std::collections::BTreeMap<ReqId, Vec<Queued>>,
+}
+
+/// A renewal queued in a batch; its lease's gate is held until its outcome.
+#[derive(Debug, Clone)]
+pub(crate) struct Queued {
+    pub lease: LeaseId,
+    pub ttl: Duration,
+    pub attempt_at: Instant,
+    /// Nothing of it may run past this (its lease's deadline).
+    pub cutoff: Instant,
+    pub queued_at: Instant,
 }
 
 /// One thread of a client.
@@ -165,8 +188,6 @@ pub(crate) struct Acquiring {
     /// When the request that granted the lock ran on the server.
     pub granted_at: Option<Micros>,
     pub cancelled: bool,
-    /// The error a Redlock attempt fails with once its give-back round is done.
-    pub failed: Option<Error>,
 }
 
 /// What an acquire's machine waits for.
@@ -199,8 +220,6 @@ pub(crate) struct Round {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum RoundFor {
     Attempt,
-    /// The give-back of an attempt not granted on a majority.
-    AttemptGiveBack,
     Extend,
     Release,
 }
@@ -224,6 +243,10 @@ pub(crate) struct SimLease {
     pub gate_waiters: Vec<TaskId>,
     /// A renewal in flight: its request, when it was attempted, its ttl.
     pub renewal: Option<(Request, Instant, Duration)>,
+    /// Its renewal waits in the client's batch queue (not written yet).
+    pub queued: bool,
+    /// The last batched renewal failed: the next one goes on its own.
+    pub batch_failed: bool,
 }
 
 impl SimLease {
@@ -250,6 +273,7 @@ impl Client {
             leases: Vec::new(),
             next_token: 0,
             blocking: 0,
+            batch: Batch::default(),
         }
     }
 

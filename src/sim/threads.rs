@@ -27,10 +27,11 @@ use crate::core::reply::{Answer, AttemptReply, ExtendReply, Mode, ReleaseReply};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
+use crate::lease::batching::BATCH_MIN_TTL;
 use crate::protocol::{Hold, calls};
 use crate::sim::client::{
-    Acquiring, GateStage, Holding, LeaseId, Op, Pending, ReqId, Request, Round, RoundFor, SimLease,
-    TaskId,
+    Acquiring, GateStage, Holding, LeaseId, Op, Pending, Queued, ReqId, Request, Round, RoundFor,
+    SimLease, TaskId,
 };
 use crate::sim::config::{Micros, micros};
 use crate::sim::trace::short;
@@ -40,6 +41,12 @@ use crate::sim::world::{Event as WorldEvent, Purpose, World};
 const MAX_THINK: Micros = 50_000;
 /// How soon a renewal looks again at a lease whose gate an extend holds.
 const GATE_RETRY: Micros = 10_000;
+/// How long a batch gathers renewals after the first arrives (the batcher's `GATHER`).
+const GATHER: Micros = 3_000;
+/// How long a queued renewal may wait before its lease takes it back (`QUEUE_PATIENCE`).
+const QUEUE_PATIENCE: Duration = Duration::from_millis(10);
+/// A renewal thread's extra wait for its batch's outcome (`BATCH_SLACK`).
+const BATCH_SLACK: Duration = Duration::from_millis(2);
 
 /// A request's answer as the world hands it over: the replies and when the request was
 /// written, or why there are none.
@@ -204,7 +211,6 @@ impl World {
             pending: Pending::Nothing,
             granted_at: None,
             cancelled: false,
-            failed: None,
         });
         self.step(client, task, acq, Event::Start);
     }
@@ -401,6 +407,7 @@ impl World {
             Purpose::Background => {}
             Purpose::Task(task) => self.task_answered(client, task, id, ran_at, answer),
             Purpose::Renewal(lease) => self.renewal_answered(client, lease, id, answer),
+            Purpose::Batch => self.batch_answered(client, id, answer),
         }
     }
 
@@ -572,89 +579,51 @@ impl World {
             *self.op(client, task) = Op::Acquiring(acq);
             return;
         };
-        match round.what {
-            RoundFor::Attempt => {
-                let answers: Vec<Result<AttemptReply>> = round
-                    .answers
-                    .iter()
-                    .map(|a| match a {
-                        Some(Ok(values)) => {
-                            calls::read_attempt(values.clone(), false, None, round.started)
-                                .map(|a| a.reply)
-                        }
-                        Some(Err(e)) => Err(e.clone()),
-                        None => Err(Error::new(ErrorKind::Timeout, "no reply").sent()),
-                    })
-                    .collect();
-                let names = member_names(answers.len());
-                let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                let now = self.local(client);
-                match quorum::acquire(
-                    &acq.spec.key,
-                    &answers,
-                    &names,
-                    round.started,
-                    round.ttl,
-                    now,
-                ) {
-                    AcquireVerdict::Granted => {
-                        acq.granted_at = Some(self.now);
-                        let answer = Answer {
-                            reply: AttemptReply::Granted {
-                                fencing_token: 0,
-                                lease: round.ttl,
-                            },
-                            sent_at: round.started,
-                            unacknowledged: None,
-                        };
-                        self.step(client, task, acq, Event::Attempted(Ok(answer)));
-                    }
-                    AcquireVerdict::GiveBack(error) => {
-                        // Given back on every member (those that did not answer too), under
-                        // the attempt's token, before the machine hears of it.
-                        let keys = self.keys(acq.name);
-                        let token = acq.machine.token().to_owned();
-                        let commands = vec![self.release_args(
-                            client,
-                            &acq.kind.clone(),
-                            &keys,
-                            &token,
-                            false,
-                        )];
-                        let give_back = self.round(
-                            client,
-                            Purpose::Task(task),
-                            RoundFor::AttemptGiveBack,
-                            commands,
-                            round.ttl,
-                            None,
-                        );
-                        acq.failed = Some(error);
-                        acq.pending = Pending::Attempt {
-                            request: Request::Round(give_back),
-                            blocked: false,
-                        };
-                        *self.op(client, task) = Op::Acquiring(acq);
-                    }
+        let answers: Vec<Result<AttemptReply>> = round
+            .answers
+            .iter()
+            .map(|a| match a {
+                Some(Ok(values)) => {
+                    calls::read_attempt(values.clone(), false, None, round.started).map(|a| a.reply)
                 }
+                Some(Err(e)) => Err(e.clone()),
+                None => Err(Error::new(ErrorKind::Timeout, "no reply").sent()),
+            })
+            .collect();
+        let names = member_names(answers.len());
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let now = self.local(client);
+        // As `protocol::quorum` answers: granted on a majority in time, busy, or an error;
+        // the machine gives back what was not granted.
+        let event = match quorum::acquire(
+            &acq.spec.key,
+            &answers,
+            &names,
+            round.started,
+            round.ttl,
+            now,
+        ) {
+            AcquireVerdict::Granted => {
+                acq.granted_at = Some(self.now);
+                Event::Attempted(Ok(Answer {
+                    reply: AttemptReply::Granted {
+                        fencing_token: 0,
+                        lease: round.ttl,
+                    },
+                    sent_at: round.started,
+                    unacknowledged: None,
+                }))
             }
-            _ => {
-                let error = acq
-                    .failed
-                    .take()
-                    .unwrap_or_else(|| Error::new(ErrorKind::Busy, "not granted"));
-                let event = if error.kind() == ErrorKind::Busy {
-                    Event::Attempted(Ok(Answer {
-                        reply: AttemptReply::Busy { holder_pttl: None },
-                        sent_at: round.started,
-                        unacknowledged: None,
-                    }))
-                } else {
-                    Event::Attempted(Err(error))
-                };
-                self.step(client, task, acq, event);
+            AcquireVerdict::GiveBack(error) if error.kind() == ErrorKind::Busy => {
+                Event::Attempted(Ok(Answer {
+                    reply: AttemptReply::Busy { holder_pttl: None },
+                    sent_at: round.started,
+                    unacknowledged: None,
+                }))
             }
-        }
+            AcquireVerdict::GiveBack(error) => Event::Attempted(Err(error)),
+        };
+        self.step(client, task, acq, event);
     }
 
     /// An acquire ended: a hold (joined to the lease its owner holds here, or a lease of
@@ -712,6 +681,8 @@ impl World {
                     gate_closed: false,
                     gate_waiters: Vec::new(),
                     renewal: None,
+                    queued: false,
+                    batch_failed: false,
                 });
                 if acq.spec.renew {
                     self.schedule_renewal(client, id);
@@ -934,6 +905,8 @@ impl World {
             return;
         };
         let lease = holding.lease;
+        // A renewal still queued is taken back (unsent) rather than waited for.
+        self.take_back(client, lease);
         let l = &mut self.clients[client].leases[lease];
         if l.gate_busy {
             l.gate_waiters.push(task);
@@ -1020,9 +993,11 @@ impl World {
         self.at(at, WorldEvent::Renew { client, lease });
     }
 
-    /// A lease's renewal is due: it renews (with the gate), or finds the lease lost.
+    /// A lease's renewal is due: it renews (with the gate: in the client's batch, or on its
+    /// own), or finds the lease lost.
     pub(crate) fn renewal_due(&mut self, client: usize, lease: LeaseId) {
         let now = self.local(client);
+        let batching = !self.redlock();
         let l = &mut self.clients[client].leases[lease];
         if l.gate_closed || l.clock.lost().is_some() || l.renewal.is_some() {
             return;
@@ -1033,6 +1008,9 @@ impl World {
                 self.at(at, WorldEvent::Renew { client, lease });
             }
             RenewalStep::Expired => {
+                // A renewal still queued behind a slow batch must not hold up the loss.
+                self.take_back(client, lease);
+                let l = &mut self.clients[client].leases[lease];
                 l.clock.lose_if_expired(now);
                 self.trace.line(self.now, || {
                     format!("c{client} lease {lease} lost: not renewed before its deadline")
@@ -1040,12 +1018,48 @@ impl World {
             }
             RenewalStep::Renew { ttl, cutoff } => {
                 if l.gate_busy {
-                    self.at(self.now + GATE_RETRY, WorldEvent::Renew { client, lease });
-                    return;
+                    // The renewal queued last waits behind a slow batch: taken back, it goes
+                    // on its own; otherwise an extend is in flight: look again shortly.
+                    let patience_over = l.queued
+                        && self.clients[client].batch.queue.iter().any(|q| {
+                            q.lease == lease
+                                && now.saturating_duration_since(q.queued_at) >= QUEUE_PATIENCE
+                        });
+                    if !patience_over {
+                        self.at(self.now + GATE_RETRY, WorldEvent::Renew { client, lease });
+                        return;
+                    }
+                    self.take_back(client, lease);
+                    self.clients[client].leases[lease].batch_failed = true;
+                    return self.renewal_due(client, lease);
                 }
+                let l = &mut self.clients[client].leases[lease];
+                let batched =
+                    batching && ttl >= BATCH_MIN_TTL && !std::mem::take(&mut l.batch_failed);
                 l.gate_busy = true;
                 if l.clock.before_extend(now, ttl).is_err() {
                     l.gate_busy = false;
+                    return;
+                }
+                if batched {
+                    l.queued = true;
+                    let batch = &mut self.clients[client].batch;
+                    batch.queue.push(Queued {
+                        lease,
+                        ttl,
+                        attempt_at: now,
+                        cutoff,
+                        queued_at: now,
+                    });
+                    if !batch.gathering {
+                        batch.gathering = true;
+                        self.at(self.now + GATHER, WorldEvent::Gather(client));
+                    }
+                    // The thread sleeps until about the next renewal; it is woken at once
+                    // if this one fails.
+                    let next = (now + ttl / 3 + BATCH_SLACK).min(cutoff);
+                    let at = self.virtual_at(client, next);
+                    self.at(at, WorldEvent::Renew { client, lease });
                     return;
                 }
                 let (kind, keys, token) = (l.kind.clone(), l.keys.clone(), l.token.clone());
@@ -1065,6 +1079,107 @@ impl World {
                 );
                 self.clients[client].leases[lease].renewal = Some((request, now, ttl));
             }
+        }
+    }
+
+    /// Takes `lease`'s renewal back from the batch queue if it is still there (unsent):
+    /// its gate is free again.
+    fn take_back(&mut self, client: usize, lease: LeaseId) {
+        let batch = &mut self.clients[client].batch;
+        let Some(at) = batch.queue.iter().position(|q| q.lease == lease) else {
+            return;
+        };
+        batch.queue.remove(at);
+        let now = self.local(client);
+        let l = &mut self.clients[client].leases[lease];
+        l.queued = false;
+        l.clock.extend_not_sent(now);
+        self.trace.line(self.now, || {
+            format!("c{client} lease {lease}: renewal taken back from its batch")
+        });
+        self.free_gate(client, lease);
+    }
+
+    /// A client's batcher writes the renewals gathered: one request, cut halfway to the
+    /// earliest deadline among them (a slow reply holds up every renewal in it); those whose
+    /// deadline passed before the write fail unsent.
+    pub(crate) fn gather(&mut self, client: usize) {
+        let now = self.local(client);
+        let batch = &mut self.clients[client].batch;
+        batch.gathering = false;
+        let (items, late): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut batch.queue)
+            .into_iter()
+            .partition(|q| q.cutoff > now);
+        for q in late {
+            self.batch_outcome(client, &q, ExtendOutcome::Failed { unknown: false });
+        }
+        if items.is_empty() {
+            return;
+        }
+        let Some(earliest) = items.iter().map(|q| q.cutoff).min() else {
+            return;
+        };
+        let cutoff = now + earliest.saturating_duration_since(now) / 2;
+        let mut commands = Vec::with_capacity(items.len());
+        for q in &items {
+            let l = &mut self.clients[client].leases[q.lease];
+            l.queued = false;
+            let h = Hold {
+                kind: &l.kind,
+                keys: &l.keys,
+                token: &l.token,
+            };
+            commands.extend(calls::extend(h, q.ttl, None).iter().map(args));
+        }
+        let deadline = self.reply_deadline(client, None, Some(cutoff));
+        let id = self.send(client, Purpose::Batch, 0, commands, deadline);
+        self.clients[client].batch.in_flight.insert(id, items);
+    }
+
+    fn batch_answered(&mut self, client: usize, id: ReqId, answer: Answered) {
+        let Some(items) = self.clients[client].batch.in_flight.remove(&id) else {
+            return;
+        };
+        match answer {
+            Ok((values, sent_at)) => {
+                let mut values = values.into_iter();
+                for q in items {
+                    let value = values.next();
+                    let outcome =
+                        extend_outcome(value.map(|v| (vec![v], sent_at)).ok_or_else(|| {
+                            Error::new(ErrorKind::Connection, "a batch came back short").sent()
+                        }));
+                    self.batch_outcome(client, &q, outcome);
+                }
+            }
+            Err(e) => {
+                for q in items {
+                    let outcome = ExtendOutcome::Failed {
+                        unknown: e.outcome_unknown(),
+                    };
+                    self.batch_outcome(client, &q, outcome);
+                }
+            }
+        }
+    }
+
+    /// Applies a batched renewal's outcome to its lease, gives its gate back, and wakes
+    /// the renewal when it failed or found the lease lost.
+    fn batch_outcome(&mut self, client: usize, q: &Queued, outcome: ExtendOutcome) {
+        let now = self.local(client);
+        let l = &mut self.clients[client].leases[q.lease];
+        let verdict = l.clock.after_extend(q.ttl, q.attempt_at, outcome, now);
+        let trouble = !matches!(verdict, ExtendVerdict::Extended { .. });
+        if matches!(verdict, ExtendVerdict::Failed) {
+            l.batch_failed = true;
+        }
+        let lease = q.lease;
+        self.trace.line(self.now, || {
+            format!("c{client} lease {lease} batched renewal: {outcome:?} -> {verdict:?}")
+        });
+        self.free_gate(client, lease);
+        if trouble {
+            self.at(self.now, WorldEvent::Renew { client, lease });
         }
     }
 

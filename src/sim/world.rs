@@ -33,6 +33,8 @@ pub(crate) enum Purpose {
     Task(TaskId),
     /// A renewal of a held lease.
     Renewal(LeaseId),
+    /// A batch of renewals (the client's batcher).
+    Batch,
     /// A background give-back: nobody waits for it.
     Background,
 }
@@ -98,6 +100,8 @@ pub(crate) enum Event {
     Renew { client: usize, lease: LeaseId },
     /// The caller of a waiting acquire cancels it.
     Cancel { client: usize, task: TaskId },
+    /// A client's batcher writes the batch it gathered.
+    Gather(usize),
     /// A client resumes after a pause.
     ClientBack(usize),
     /// The world's own faults (server pauses and restarts).
@@ -274,6 +278,7 @@ impl World {
             Event::Wake { client, task } => self.task_wakes(client, task),
             Event::Renew { client, lease } => self.renewal_due(client, lease),
             Event::Cancel { client, task } => self.cancel(client, task),
+            Event::Gather(client) => self.gather(client),
             Event::ClientBack(client) => self.client_back(client),
             Event::Tick => self.tick(),
         }
