@@ -53,6 +53,7 @@ impl Acquire<'_> {
             renew: self.renew,
             blocks: self.server.capabilities().blocking,
             bounds,
+            replicas: self.replicas.map_or(Duration::ZERO, |r| r.timeout),
         };
         let label = self.owner_label.to_owned();
         let tokens = Box::new(move || token::new_token(&label));

@@ -70,6 +70,8 @@ pub(crate) struct AcquireSpec {
     /// minority of members).
     pub blocks: bool,
     pub bounds: Bounds,
+    /// How long replicas are waited for after each write (`min_replicas`; zero without).
+    pub replicas: Duration,
 }
 
 /// A lock taken: its fencing token, the lease the key was given (the ttl, or less for a
@@ -238,9 +240,11 @@ impl AcquireMachine {
     ) -> Self {
         let b = spec.bounds;
         let cutoff = match spec.wait {
-            Wait::No => Some(now + b.pool_wait + b.connect + b.io),
+            Wait::No => Some(now + b.pool_wait + b.connect + b.io + spec.replicas),
             // A waiter waits for a pooled connection no longer than its wait.
-            Wait::Until(deadline) => Some(deadline + b.connect + b.io + BLOCK_LATENESS),
+            Wait::Until(deadline) => {
+                Some(deadline + b.connect + b.io + BLOCK_LATENESS + spec.replicas)
+            }
             Wait::Forever => None,
         };
         let delays = if spec.blocks {
@@ -744,6 +748,7 @@ mod tests {
                 connect: 100 * MS,
                 io: 500 * MS,
             },
+            replicas: Duration::ZERO,
         };
         AcquireMachine::new(spec, t0, tokens, fastrand::Rng::with_seed(1))
     }

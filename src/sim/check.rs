@@ -78,21 +78,20 @@ impl Checker {
             .push(format!("at {:.3} ms: {what}", now as f64 / 1000.0));
     }
 
-    /// A server ran `commands` at `now` and answered `replies`: the grants among them are
-    /// noted (ground truth for the outcome checks).
+    /// A server ran `commands` and answered `replies`, each when its command ran: the grants
+    /// among them are noted (ground truth for the outcome checks).
     pub fn server_replied(
         &mut self,
         names: &[Name],
-        now: Micros,
         commands: &[Vec<Vec<u8>>],
-        replies: &[Value],
+        replies: &[(Value, Micros)],
     ) {
         let acquire_shas = [
             &scripts::ACQUIRE.sha,
             &scripts::ACQUIRE_PERMIT.sha,
             &scripts::ACQUIRE_RW.sha,
         ];
-        for (command, reply) in commands.iter().zip(replies) {
+        for (command, (reply, now)) in commands.iter().zip(replies) {
             let is_acquire = command
                 .get(1)
                 .is_some_and(|sha| acquire_shas.iter().any(|s| s.as_bytes() == sha.as_slice()));
@@ -115,7 +114,7 @@ impl Checker {
                 .map(|t| String::from_utf8_lossy(t).into_owned());
             if let (Some(key), Some(token)) = (key, token) {
                 if let Some(name) = names.iter().position(|n| n.name == key) {
-                    self.server_grants[name].push((now, token));
+                    self.server_grants[name].push((*now, token));
                 }
             }
         }
@@ -140,9 +139,13 @@ impl Checker {
         self.ops += 1;
         let b = self.bounds;
         let bound = match spec.wait {
-            Wait::No => b.pool_wait + b.connect + b.io,
+            Wait::No => b.pool_wait + b.connect + b.io + spec.replicas,
             Wait::Until(deadline) => {
-                deadline.saturating_duration_since(started) + b.connect + b.io + BLOCK_LATENESS
+                deadline.saturating_duration_since(started)
+                    + b.connect
+                    + b.io
+                    + BLOCK_LATENESS
+                    + spec.replicas
             }
             Wait::Forever => return,
         };
@@ -157,10 +160,16 @@ impl Checker {
         }
     }
 
-    /// An extend took `took` from the moment it had its lease's gate.
-    pub fn extend_took(&mut self, now: Micros, took: Duration, paused: bool) {
+    /// An extend took `took` from the moment it had its lease's gate (`replicas`: how
+    /// long its `WAIT` may take).
+    pub fn extend_took(&mut self, now: Micros, took: Duration, replicas: Duration, paused: bool) {
         self.ops += 1;
-        let bound = self.bounds.connect + self.bounds.io;
+        let lateness = if replicas.is_zero() {
+            Duration::ZERO
+        } else {
+            BLOCK_LATENESS
+        };
+        let bound = self.bounds.connect + self.bounds.io + replicas + lateness;
         if !paused && took > bound + SLACK {
             self.fail(now, format!("an extend took {took:?}, over {bound:?}"));
         }

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::backend::call::Replicas;
 use crate::core::acquire::{AcquireMachine, AcquireSpec};
 use crate::core::lease::{Broken, LeaseClock};
 use crate::error::Error;
@@ -71,8 +72,8 @@ pub(crate) enum Op {
     Acquiring(Box<Acquiring>),
     /// In its critical section, until its wake.
     Holding(Holding),
-    /// Extending (since the instant, by its clock).
-    Extending(Holding, GateStage, Instant),
+    /// Extending (since the instant, by its clock, and the pauses its process had had).
+    Extending(Holding, GateStage, (Instant, u64)),
     /// Releasing (since the instant, by its clock).
     Releasing(Holding, GateStage, Instant),
     Done,
@@ -164,8 +165,9 @@ pub(crate) enum GateStage {
     Release {
         request: Request,
         broken: Option<Broken>,
-        /// When the release was sent (its bound counts from there).
-        sent: Instant,
+        /// When the release was sent (its bound counts from there), and how many pauses
+        /// its process had had by then.
+        sent: (Instant, u64),
     },
 }
 
@@ -188,6 +190,8 @@ pub(crate) struct Acquiring {
     /// When the request that granted the lock ran on the server.
     pub granted_at: Option<Micros>,
     pub cancelled: bool,
+    /// Replicas that must acknowledge its writes (`min_replicas`).
+    pub replicas: Option<Replicas>,
 }
 
 /// What an acquire's machine waits for.
@@ -243,6 +247,8 @@ pub(crate) struct SimLease {
     pub gate_waiters: Vec<TaskId>,
     /// A renewal in flight: its request, when it was attempted, its ttl.
     pub renewal: Option<(Request, Instant, Duration)>,
+    /// Replicas that must acknowledge its extends and renewals.
+    pub replicas: Option<Replicas>,
     /// Its renewal waits in the client's batch queue (not written yet).
     pub queued: bool,
     /// The last batched renewal failed: the next one goes on its own.

@@ -21,6 +21,10 @@ pub(crate) enum Deployment {
     Single,
     /// Redlock over this many independent primaries.
     Redlock(usize),
+    /// A primary and a replica that receives its writes this many ms late; the replica may
+    /// be promoted in its place (a failover, which may lose the writes it had not received),
+    /// and acquires may ask for its acknowledgement (`min_replicas`).
+    Replicated { lag_ms: u64 },
 }
 
 /// How often each fault happens (probabilities per message or per step), and how large.
@@ -50,6 +54,8 @@ pub(crate) struct Faults {
     /// Per run step: a server restarts without persistence (every key and cached script
     /// lost), which the design documents as a way to let two holders in.
     pub restart: f64,
+    /// Per run step: the replica is promoted in place of the primary (once).
+    pub failover: f64,
     /// Each client's clock runs at a rate within `1 ± drift` of real time (the documented
     /// allowance is 1 %).
     pub drift: f64,
@@ -69,6 +75,7 @@ impl Faults {
             server_pause: 0.0,
             max_pause: Duration::ZERO,
             restart: 0.0,
+            failover: 0.0,
             drift: 0.0,
         }
     }
@@ -83,6 +90,7 @@ impl Faults {
             || self.client_pause > 0.0
             || self.server_pause > 0.0
             || self.restart > 0.0
+            || self.failover > 0.0
     }
 }
 
@@ -115,10 +123,13 @@ impl Config {
     /// The run a seed stands for.
     pub fn from_seed(seed: u64) -> Config {
         let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_c0f1_9000_0001);
-        let deployment = match rng.u32(0..10) {
+        let deployment = match rng.u32(0..12) {
             0..=6 => Deployment::Single,
             7 | 8 => Deployment::Redlock(3),
-            _ => Deployment::Redlock(5),
+            9 => Deployment::Redlock(5),
+            _ => Deployment::Replicated {
+                lag_ms: rng.u64(0..=50),
+            },
         };
         let names = match deployment {
             // Redlock takes mutexes only.
@@ -126,7 +137,7 @@ impl Config {
                 name: "m".into(),
                 kind: Kind::Mutex,
             }],
-            Deployment::Single => {
+            Deployment::Single | Deployment::Replicated { .. } => {
                 let all = [
                     Name {
                         name: "m".into(),
@@ -184,6 +195,7 @@ impl Config {
                 } else {
                     0.0
                 },
+                failover: p(0.005, &mut rng),
                 drift: if rng.bool() { 0.01 * rng.f64() } else { 0.0 },
             }
         };
@@ -208,6 +220,7 @@ impl Config {
         match self.deployment {
             Deployment::Single => 1,
             Deployment::Redlock(n) => n,
+            Deployment::Replicated { .. } => 2,
         }
     }
 }

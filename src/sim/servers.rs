@@ -22,6 +22,8 @@ pub(crate) struct SimServer {
     held: Vec<ReqId>,
     /// The request each connection carries.
     carries: BTreeMap<ConnId, ReqId>,
+    /// Out of service for good.
+    dead: bool,
 }
 
 impl SimServer {
@@ -35,6 +37,7 @@ impl SimServer {
             paused: false,
             held: Vec::new(),
             carries: BTreeMap::new(),
+            dead: false,
         }
     }
 
@@ -60,6 +63,25 @@ impl SimServer {
         let _ = self.model.submit(conn, commands);
     }
 
+    /// The model, for a replication link.
+    pub fn model_mut(&mut self) -> &mut Server {
+        &mut self.model
+    }
+
+    /// The model, for a replication link's timer.
+    pub fn model(&self) -> &Server {
+        &self.model
+    }
+
+    /// Takes the server out of service for good (a primary replaced in a failover).
+    pub fn kill(&mut self) {
+        self.model.restart();
+        self.carries.clear();
+        self.held.clear();
+        self.down = true;
+        self.dead = true;
+    }
+
     /// Moves the server's time to `now`.
     pub fn advance(&mut self, now: Micros) {
         if self.serving() {
@@ -67,14 +89,11 @@ impl SimServer {
         }
     }
 
-    /// The replies ready, by request, each request's replies complete.
+    /// The replies ready now, by request (the rest of a request's come later, behind a
+    /// block).
     pub fn take_replies(&mut self) -> Vec<(ReqId, Vec<Value>)> {
         let mut out = Vec::new();
         for conn in self.model.connections_with_replies() {
-            if self.model.is_blocked(conn) {
-                // The replies before a block stay until the rest comes.
-                continue;
-            }
             let replies = self.model.take_replies(conn);
             if let Some(id) = self.carries.get(&conn) {
                 out.push((*id, replies));
@@ -109,7 +128,7 @@ impl SimServer {
     /// Resumes after a pause or a restart; returns the requests held meanwhile.
     pub fn resume(&mut self) -> Vec<ReqId> {
         self.paused = false;
-        self.down = false;
+        self.down = self.dead;
         std::mem::take(&mut self.held)
     }
 
@@ -129,6 +148,9 @@ impl SimServer {
 
     /// The live keys, for the end-of-run check.
     pub fn keys(&self) -> Vec<String> {
+        if self.dead {
+            return Vec::new();
+        }
         self.model
             .entries()
             .map(|(k, _)| String::from_utf8_lossy(k).into_owned())

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::backend::call::Replicas;
 use crate::core::acquire::{AcquireMachine, AcquireSpec, Acquired, Action, Bounds, Event};
 use crate::core::backoff::{self, Wait};
 use crate::core::lease::{ExtendOutcome, ExtendVerdict, LeaseClock, LostReason, RenewalStep};
@@ -33,7 +34,7 @@ use crate::sim::client::{
     Acquiring, GateStage, Holding, LeaseId, Op, Pending, Queued, ReqId, Request, Round, RoundFor,
     SimLease, TaskId,
 };
-use crate::sim::config::{Micros, micros};
+use crate::sim::config::{Deployment, Micros, micros};
 use crate::sim::trace::short;
 use crate::sim::world::{Event as WorldEvent, Purpose, World};
 
@@ -165,6 +166,16 @@ impl World {
             _ => Wait::Until(now + Duration::from_millis(self.rng.u64(1..=3000))),
         };
         let renew = self.rng.u32(0..3) != 0;
+        // Replica acknowledgement takes the replication lag (up to 50 ms) on every write:
+        // only for leases that outlive it several times over (a shorter one could never
+        // be taken: every grant would have lapsed by the time the replica has it).
+        let replicas = (matches!(self.cfg.deployment, Deployment::Replicated { .. })
+            && ttl >= Duration::from_millis(300)
+            && self.rng.bool())
+        .then(|| Replicas {
+            count: 1,
+            timeout: Duration::from_millis(self.rng.u64(20..=300)),
+        });
         let spec = AcquireSpec {
             key: self.cfg.names[name].name.clone(),
             ttl,
@@ -172,6 +183,7 @@ impl World {
             renew,
             blocks: !self.redlock(),
             bounds: self.bounds(),
+            replicas: wait_time(replicas),
         };
         let first = self.clients[client].token();
         let label = format!("c{client}");
@@ -211,6 +223,7 @@ impl World {
             pending: Pending::Nothing,
             granted_at: None,
             cancelled: false,
+            replicas,
         });
         self.step(client, task, acq, Event::Start);
     }
@@ -248,14 +261,27 @@ impl World {
                         plan.cutoff,
                     ))
                 } else {
-                    let calls =
-                        calls::attempt(h, acq.spec.ttl, plan.mode, self.grace(), plan.block, None);
-                    let deadline = self.reply_deadline(client, plan.block, plan.cutoff);
+                    let calls = calls::attempt(
+                        h,
+                        acq.spec.ttl,
+                        plan.mode,
+                        self.grace(),
+                        plan.block,
+                        acq.replicas,
+                    );
+                    let waits = plan.block.unwrap_or_default() + wait_time(acq.replicas);
+                    let deadline = self.reply_deadline(client, Some(waits), plan.cutoff);
                     let commands = calls.iter().map(args).collect();
                     if blocked {
                         self.clients[client].blocking += 1;
                     }
-                    Request::One(self.send(client, Purpose::Task(task), 0, commands, deadline))
+                    Request::One(self.send(
+                        client,
+                        Purpose::Task(task),
+                        self.primary,
+                        commands,
+                        deadline,
+                    ))
                 };
                 acq.pending = Pending::Attempt { request, blocked };
             }
@@ -266,7 +292,10 @@ impl World {
                     keys: &keys,
                     token: &token,
                 };
-                let commands = calls::extend(h, ttl, None).iter().map(args).collect();
+                let commands = calls::extend(h, ttl, acq.replicas)
+                    .iter()
+                    .map(args)
+                    .collect();
                 let request = self.request(
                     client,
                     Purpose::Task(task),
@@ -274,6 +303,7 @@ impl World {
                     commands,
                     ttl,
                     cutoff,
+                    Some(wait_time(acq.replicas)),
                 );
                 acq.pending = Pending::Extend(request);
             }
@@ -289,8 +319,15 @@ impl World {
                 } else {
                     (Purpose::Task(task), RoundFor::Release)
                 };
-                let request =
-                    self.request(client, purpose, what, commands, acq.spec.ttl, Some(cutoff));
+                let request = self.request(
+                    client,
+                    purpose,
+                    what,
+                    commands,
+                    acq.spec.ttl,
+                    Some(cutoff),
+                    None,
+                );
                 if background {
                     return self.step(client, task, acq, Event::GaveBack(None));
                 }
@@ -321,6 +358,7 @@ impl World {
     }
 
     /// Sends `commands` to the one server, or as a Redlock round.
+    #[allow(clippy::too_many_arguments)]
     fn request(
         &mut self,
         client: usize,
@@ -329,12 +367,13 @@ impl World {
         commands: Vec<Vec<Vec<u8>>>,
         ttl: Duration,
         cutoff: Option<Instant>,
+        block: Option<Duration>,
     ) -> Request {
         if self.redlock() {
             Request::Round(self.round(client, purpose, what, commands, ttl, cutoff))
         } else {
-            let deadline = self.reply_deadline(client, None, cutoff);
-            Request::One(self.send(client, purpose, 0, commands, deadline))
+            let deadline = self.reply_deadline(client, block, cutoff);
+            Request::One(self.send(client, purpose, self.primary, commands, deadline))
         }
     }
 
@@ -402,21 +441,23 @@ impl World {
         let Some(sent) = self.sent.get(&id) else {
             return;
         };
-        let (client, purpose, ran_at) = (sent.client, sent.purpose, sent.answered_at);
+        let (client, purpose) = (sent.client, sent.purpose);
+        let times = sent.reply_times.clone();
         match purpose {
             Purpose::Background => {}
-            Purpose::Task(task) => self.task_answered(client, task, id, ran_at, answer),
+            Purpose::Task(task) => self.task_answered(client, task, id, &times, answer),
             Purpose::Renewal(lease) => self.renewal_answered(client, lease, id, answer),
             Purpose::Batch => self.batch_answered(client, id, answer),
         }
     }
 
+    /// `times`: when each of the request's commands ran on the server.
     fn task_answered(
         &mut self,
         client: usize,
         task: TaskId,
         id: ReqId,
-        ran_at: Option<Micros>,
+        times: &[Micros],
         answer: Answered,
     ) {
         match std::mem::replace(self.op(client, task), Op::Idle) {
@@ -424,15 +465,22 @@ impl World {
                 let pending = std::mem::replace(&mut acq.pending, Pending::Nothing);
                 match pending {
                     Pending::Attempt { request, blocked } if Self::answers(&request, id) => {
+                        // The attempt's script ran after the block, if there was one.
+                        let ran_at = times.get(usize::from(blocked)).copied();
                         self.attempt_answered(
                             client, task, acq, request, blocked, id, ran_at, answer,
                         );
                     }
                     Pending::Extend(mut request) if Self::answers(&request, id) => {
                         let result = match &mut request {
+                            // As the runtime's settle: an extend too few replicas
+                            // acknowledged is a failed one.
                             Request::One(_) => Some(answer.and_then(|(values, sent_at)| {
-                                calls::read_extend(values, None, sent_at)
-                                    .map(|a| (a.reply, a.sent_at))
+                                let a = calls::read_extend(values, acq.replicas, sent_at)?;
+                                match a.unacknowledged {
+                                    Some(short) => Err(short),
+                                    None => Ok((a.reply, a.sent_at)),
+                                }
                             })),
                             Request::Round(_) => Self::round_answer(&mut request, id, answer)
                                 .map(|round| extend_verdict(&round).map(|r| (r, round.started))),
@@ -478,8 +526,9 @@ impl World {
                 },
                 started,
             ) if Self::answers(&request, id) => {
+                let replicas = self.clients[client].leases[holding.lease].replicas;
                 let outcome = match &mut request {
-                    Request::One(_) => Some(extend_outcome(answer)),
+                    Request::One(_) => Some(extend_outcome(answer, replicas)),
                     Request::Round(_) => {
                         Self::round_answer(&mut request, id, answer).map(|round| {
                             match extend_verdict(&round) {
@@ -526,6 +575,7 @@ impl World {
                 };
                 match reply {
                     Some(reply) => {
+                        let ran_at = times.first().copied();
                         self.released(client, task, holding, broken, reply, sent, ran_at)
                     }
                     None => {
@@ -560,7 +610,7 @@ impl World {
             }
             let event = match answer {
                 Ok((values, sent_at)) => {
-                    let read = calls::read_attempt(values, blocked, None, sent_at);
+                    let read = calls::read_attempt(values, blocked, acq.replicas, sent_at);
                     if let Ok(Answer {
                         reply: AttemptReply::Granted { .. },
                         ..
@@ -681,6 +731,7 @@ impl World {
                     gate_closed: false,
                     gate_waiters: Vec::new(),
                     renewal: None,
+                    replicas: acq.replicas,
                     queued: false,
                     batch_failed: false,
                 });
@@ -765,7 +816,8 @@ impl World {
         let now = self.local(client);
         holding.checked = true;
         if holding.extend.is_some() {
-            *self.op(client, task) = Op::Extending(holding, GateStage::Waiting, now);
+            let pauses = self.clients[client].pauses;
+            *self.op(client, task) = Op::Extending(holding, GateStage::Waiting, (now, pauses));
             return self.enter_gate(client, task);
         }
         *self.op(client, task) = Op::Releasing(holding, GateStage::Waiting, now);
@@ -798,12 +850,13 @@ impl World {
         }
         let cutoff = Some(lease.clock.deadline());
         let (kind, keys, token) = (lease.kind.clone(), lease.keys.clone(), lease.token.clone());
+        let replicas = lease.replicas;
         let h = Hold {
             kind: &kind,
             keys: &keys,
             token: &token,
         };
-        let commands = calls::extend(h, ttl, None).iter().map(args).collect();
+        let commands = calls::extend(h, ttl, replicas).iter().map(args).collect();
         let request = self.request(
             client,
             Purpose::Task(task),
@@ -811,6 +864,7 @@ impl World {
             commands,
             ttl,
             cutoff,
+            Some(wait_time(replicas)),
         );
         let stage = GateStage::Extend {
             request,
@@ -818,7 +872,8 @@ impl World {
             ttl,
         };
         // The extend's bound counts from the gate.
-        *self.op(client, task) = Op::Extending(holding, stage, now);
+        let pauses = self.clients[client].pauses;
+        *self.op(client, task) = Op::Extending(holding, stage, (now, pauses));
     }
 
     /// An extend that found the lock lost before sending anything: the thread releases.
@@ -849,7 +904,7 @@ impl World {
         attempt_at: Instant,
         ttl: Duration,
         outcome: ExtendOutcome,
-        started: Instant,
+        (started, pauses): (Instant, u64),
     ) {
         let now = self.local(client);
         let verdict = self.clients[client].leases[holding.lease]
@@ -860,9 +915,14 @@ impl World {
         });
         self.free_gate(client, holding.lease);
         let vnow = self.now;
-        let paused = self.clients[client].paused_until.is_some();
-        self.check
-            .extend_took(vnow, now.saturating_duration_since(started), paused);
+        let paused = self.clients[client].pauses != pauses;
+        let replicas = wait_time(self.clients[client].leases[holding.lease].replicas);
+        self.check.extend_took(
+            vnow,
+            now.saturating_duration_since(started),
+            replicas,
+            paused,
+        );
         holding.extend = None;
         // A little more of the critical section; then the release.
         let at = self.now + self.rng.u64(0..MAX_THINK);
@@ -938,11 +998,13 @@ impl World {
             commands,
             ttl,
             None,
+            None,
         );
+        let pauses = self.clients[client].pauses;
         let stage = GateStage::Release {
             request,
             broken,
-            sent: now,
+            sent: (now, pauses),
         };
         *self.op(client, task) = Op::Releasing(holding, stage, started);
     }
@@ -955,7 +1017,7 @@ impl World {
         holding: Holding,
         broken: Option<crate::core::lease::Broken>,
         reply: Result<ReleaseReply>,
-        sent: Instant,
+        (sent, pauses): (Instant, u64),
         ran_at: Option<Micros>,
     ) {
         let ok = matches!((&reply, broken), (Ok(r), None) if r.was_held());
@@ -971,7 +1033,7 @@ impl World {
         let (name, kind, token, granted_at) =
             (l.name, l.kind.clone(), l.token.clone(), l.granted_at);
         let exempt = self.redlock() || self.data_lost_at.iter().any(|t| *t >= granted_at);
-        let paused = self.clients[client].paused_until.is_some();
+        let paused = self.clients[client].pauses != pauses;
         let at = ran_at.unwrap_or(self.now);
         self.check.released(
             at,
@@ -1063,12 +1125,13 @@ impl World {
                     return;
                 }
                 let (kind, keys, token) = (l.kind.clone(), l.keys.clone(), l.token.clone());
+                let replicas = l.replicas;
                 let h = Hold {
                     kind: &kind,
                     keys: &keys,
                     token: &token,
                 };
-                let commands = calls::extend(h, ttl, None).iter().map(args).collect();
+                let commands = calls::extend(h, ttl, replicas).iter().map(args).collect();
                 let request = self.request(
                     client,
                     Purpose::Renewal(lease),
@@ -1076,6 +1139,7 @@ impl World {
                     commands,
                     ttl,
                     Some(cutoff),
+                    Some(wait_time(replicas)),
                 );
                 self.clients[client].leases[lease].renewal = Some((request, now, ttl));
             }
@@ -1132,7 +1196,7 @@ impl World {
             commands.extend(calls::extend(h, q.ttl, None).iter().map(args));
         }
         let deadline = self.reply_deadline(client, None, Some(cutoff));
-        let id = self.send(client, Purpose::Batch, 0, commands, deadline);
+        let id = self.send(client, Purpose::Batch, self.primary, commands, deadline);
         self.clients[client].batch.in_flight.insert(id, items);
     }
 
@@ -1145,10 +1209,12 @@ impl World {
                 let mut values = values.into_iter();
                 for q in items {
                     let value = values.next();
-                    let outcome =
-                        extend_outcome(value.map(|v| (vec![v], sent_at)).ok_or_else(|| {
+                    let outcome = extend_outcome(
+                        value.map(|v| (vec![v], sent_at)).ok_or_else(|| {
                             Error::new(ErrorKind::Connection, "a batch came back short").sent()
-                        }));
+                        }),
+                        None,
+                    );
                     self.batch_outcome(client, &q, outcome);
                 }
             }
@@ -1193,8 +1259,9 @@ impl World {
             self.clients[client].leases[lease].renewal = Some((request, attempt_at, ttl));
             return;
         }
+        let replicas = self.clients[client].leases[lease].replicas;
         let outcome = match &mut request {
-            Request::One(_) => Some(extend_outcome(answer)),
+            Request::One(_) => Some(extend_outcome(answer, replicas)),
             Request::Round(_) => Self::round_answer(&mut request, id, answer).map(|round| {
                 match extend_verdict(&round) {
                     Ok(reply) => ExtendOutcome::Replied {
@@ -1231,6 +1298,11 @@ impl World {
     }
 }
 
+/// How long a `WAIT` for `replicas` may take (none without replicas).
+fn wait_time(replicas: Option<Replicas>) -> Duration {
+    replicas.map_or(Duration::ZERO, |r| r.timeout)
+}
+
 /// The arguments of a call, as the server receives them.
 fn args(call: &crate::backend::call::Call) -> Vec<Vec<u8>> {
     match redis::parse_redis_value(call.packed()) {
@@ -1246,8 +1318,13 @@ fn args(call: &crate::backend::call::Call) -> Vec<Vec<u8>> {
 }
 
 /// An extend's answer as the clock takes it.
-fn extend_outcome(answer: Answered) -> ExtendOutcome {
-    match answer.and_then(|(values, sent_at)| calls::read_extend(values, None, sent_at)) {
+fn extend_outcome(answer: Answered, replicas: Option<Replicas>) -> ExtendOutcome {
+    match answer.and_then(|(values, sent_at)| calls::read_extend(values, replicas, sent_at)) {
+        Ok(Answer {
+            reply: ExtendReply::Extended,
+            sent_at,
+            unacknowledged: Some(_),
+        }) => ExtendOutcome::Unacknowledged { sent_at },
         Ok(answer) => ExtendOutcome::Replied {
             reply: answer.reply,
             sent_at: answer.sent_at,

@@ -23,6 +23,7 @@ use crate::kinds::Kind;
 use crate::sim::check::{Belief, Checker};
 use crate::sim::client::{Client, LeaseId, ReqId, TaskId};
 use crate::sim::config::{Config, Deployment, Micros, micros};
+use crate::sim::redis::ReplicaLink;
 use crate::sim::servers::{ConnId, SimServer};
 use crate::sim::trace::{Trace, short};
 
@@ -68,14 +69,14 @@ pub(crate) struct Sent {
     pub awaited: bool,
     /// When it reached the server (last), if it did.
     pub ran_at: Option<Micros>,
-    /// When the server answered its last call (what a block held back ran then).
-    pub answered_at: Option<Micros>,
+    /// Its replies so far, each with when the server produced it (when its command ran).
+    got: Vec<(Value, Micros)>,
     /// Its replies, once they all came.
     pub replies: Option<Vec<Value>>,
+    /// When each reply was produced (its command ran), once they all came.
+    pub reply_times: Vec<Micros>,
     /// Sent again from this call on, as `EVAL`, after `NOSCRIPT`.
     resent: Option<usize>,
-    /// The replies before the calls sent again.
-    kept: Vec<Value>,
 }
 
 /// Something that happens at an instant.
@@ -146,6 +147,13 @@ pub(crate) struct World {
     /// Per name: since when it has been free on the server while a waiter waited for it
     /// (runs without faults).
     free_since: Vec<Option<Micros>>,
+    /// The server requests go to (a failover moves it to the replica).
+    pub primary: usize,
+    /// The replication link from the primary (server 0) to the replica (server 1).
+    link: Option<ReplicaLink>,
+    /// Per server: the instant its one pending timer event is due (later ones are not
+    /// queued, earlier ones replace it).
+    timers: Vec<Option<Micros>>,
 }
 
 /// How often the world considers faults of its own.
@@ -156,9 +164,33 @@ impl World {
     pub fn new(seed: u64, traced: bool) -> World {
         let cfg = Config::from_seed(seed);
         let mut rng = fastrand::Rng::with_seed(seed);
-        let servers = (0..cfg.servers())
-            .map(|i| SimServer::new(i, rng.i64(-5_000..=5_000)))
+        let replicated = matches!(cfg.deployment, Deployment::Replicated { .. });
+        let first_offset = rng.i64(-5_000..=5_000);
+        let mut servers: Vec<SimServer> = (0..cfg.servers())
+            .map(|i| {
+                // A replica's clock is not behind its primary's (the documented limit for
+                // fencing tokens across a failover).
+                let offset = if replicated && i > 0 {
+                    first_offset + rng.i64(0..=10)
+                } else if i == 0 {
+                    first_offset
+                } else {
+                    rng.i64(-5_000..=5_000)
+                };
+                SimServer::new(i, offset)
+            })
             .collect();
+        let link = match cfg.deployment {
+            Deployment::Replicated { lag_ms } => {
+                let (primary, replica) = servers.split_at_mut(1);
+                Some(ReplicaLink::attach(
+                    primary[0].model_mut(),
+                    replica[0].model_mut(),
+                    lag_ms,
+                ))
+            }
+            _ => None,
+        };
         let clients: Vec<Client> = (0..cfg.clients)
             .map(|i| {
                 let rate = 1.0 + cfg.faults.drift * (2.0 * rng.f64() - 1.0);
@@ -166,6 +198,7 @@ impl World {
             })
             .collect();
         let deferred = vec![Vec::new(); clients.len()];
+        let cfg_servers = cfg.servers();
         let free_since = vec![None; cfg.names.len()];
         let mut trace = Trace::new(traced);
         trace.line(0, || format!("seed {seed}: {cfg:?}"));
@@ -185,6 +218,9 @@ impl World {
             trace,
             data_lost_at: Vec::new(),
             free_since,
+            primary: 0,
+            link,
+            timers: vec![None; cfg_servers],
         }
     }
 
@@ -227,7 +263,20 @@ impl World {
             }
         }
         self.at(TICK, Event::Tick);
+        let (mut last, mut same) = (0, 0u64);
         while let Some(Reverse((at, _, event))) = self.queue.pop() {
+            if at == last {
+                same += 1;
+                if same > 100_000 {
+                    return Err(format!(
+                        "the run is stuck at {:.3} ms: 100000 events at the same instant \
+                         (the last: {event:?})",
+                        at as f64 / 1000.0
+                    ));
+                }
+            } else {
+                (last, same) = (at, 0);
+            }
             if at > limit {
                 let stuck: Vec<String> = self
                     .clients
@@ -270,8 +319,12 @@ impl World {
             Event::Reset(id) => self.reset(id),
             Event::Deadline(id) => self.deadline(id),
             Event::ServerTimer(server) => {
-                if self.servers[server].serving() {
-                    self.pump(server);
+                // Only the one pending timer counts (others were replaced by earlier ones).
+                if self.timers[server] == Some(self.now) {
+                    self.timers[server] = None;
+                    if self.servers[server].serving() {
+                        self.pump(server);
+                    }
                 }
             }
             Event::ServerBack(server) => self.server_back(server),
@@ -299,6 +352,8 @@ impl World {
                 self.at(self.now + pause, Event::ServerBack(server));
             } else if self.rng.f64() < f.restart {
                 self.restart(server);
+            } else if server == self.primary && self.link.is_some() && self.rng.f64() < f.failover {
+                self.failover();
             }
         }
         if !self.clients.iter().all(Client::done) {
@@ -326,6 +381,33 @@ impl World {
         }
         let down = self.rng.u64(1_000..50_000);
         self.at(self.now + down, Event::ServerBack(server));
+    }
+
+    /// The replica takes the primary's place with what it received; the old primary is
+    /// gone (its connections reset). Writes it had not received are lost, which the
+    /// design documents as a way to let two holders in.
+    fn failover(&mut self) {
+        let Some(link) = self.link.take() else {
+            return;
+        };
+        let (old, new) = (self.primary, 1 - self.primary);
+        self.trace
+            .line(self.now, || format!("failover: s{new} replaces s{old}"));
+        self.data_lost_at.push(self.now);
+        link.detach(self.servers[old].model_mut());
+        self.servers[new].model_mut().promote();
+        let open: Vec<ReqId> = self
+            .sent
+            .iter()
+            .filter(|(_, s)| s.server == old && s.awaited)
+            .map(|(id, _)| *id)
+            .collect();
+        self.servers[old].kill();
+        for id in open {
+            let after = self.rng.u64(0..1_000);
+            self.at(self.now + after, Event::Reset(id));
+        }
+        self.primary = new;
     }
 
     fn server_back(&mut self, server: usize) {
@@ -390,10 +472,10 @@ impl World {
                 fate,
                 awaited: purpose != Purpose::Background,
                 ran_at: None,
-                answered_at: None,
+                got: Vec::new(),
                 replies: None,
+                reply_times: Vec::new(),
                 resent: None,
-                kept: Vec::new(),
             },
         );
         match fate {
@@ -485,30 +567,62 @@ impl World {
         }
     }
 
-    /// Collects the replies `server` has, schedules their way back, and its timer.
+    /// Collects the replies `server` has (and its replica's acknowledgements), schedules
+    /// their way back, and its timer.
     pub fn pump(&mut self, server: usize) {
         let now = self.now;
         self.servers[server].advance(now);
-        for (id, replies) in self.servers[server].take_replies() {
-            if let Some(sent) = self.sent.get(&id) {
-                let names = &self.cfg.names;
-                self.check
-                    .server_replied(names, now, &sent.commands, &replies);
+        let mut link_due = None;
+        if let Some(link) = &mut self.link {
+            let (primary, replica) = self.servers.split_at_mut(1);
+            let (primary, replica) = (&mut primary[0], &mut replica[0]);
+            if primary.serving() && replica.serving() {
+                replica.advance(now);
+                link.pump(primary.model_mut(), replica.model_mut());
+                link_due = link.next_timer(primary.model(), replica.model());
+                primary.advance(now);
             }
+        }
+        if let Some(at) = link_due {
+            self.queue_link_timer(at * 1000);
+        }
+        for (id, replies) in self.servers[server].take_replies() {
             let Some(sent) = self.sent.get_mut(&id) else {
                 continue;
             };
-            let mut all = std::mem::take(&mut sent.kept);
-            all.extend(replies);
-            sent.replies = Some(all);
-            sent.answered_at = Some(now);
-            if let Fate::Normal { back, .. } = sent.fate {
+            sent.got.extend(replies.into_iter().map(|v| (v, now)));
+            if sent.got.len() < sent.commands.len() || sent.replies.is_some() {
+                // The rest waits behind a block.
+                continue;
+            }
+            sent.replies = Some(sent.got.iter().map(|(v, _)| v.clone()).collect());
+            sent.reply_times = sent.got.iter().map(|(_, at)| *at).collect();
+            let fate = sent.fate;
+            let (commands, got) = (sent.commands.clone(), sent.got.clone());
+            self.check.server_replied(&self.cfg.names, &commands, &got);
+            if let Fate::Normal { back, .. } = fate {
                 self.at(now + back, Event::Reply(id));
             }
         }
         if let Some(at) = self.servers[server].next_timer(now) {
-            self.at(at, Event::ServerTimer(server));
+            self.timer(server, at);
         }
+    }
+
+    /// The replication link has something due at `at` (µs).
+    fn queue_link_timer(&mut self, at: Micros) {
+        let primary = self.primary;
+        self.timer(primary, at);
+    }
+
+    /// Makes sure `server` is pumped at `at`: queues a timer unless one is pending earlier.
+    fn timer(&mut self, server: usize, at: Micros) {
+        let at = at.max(self.now);
+        if self.timers[server].is_some_and(|t| t >= self.now && t <= at) {
+            return;
+        }
+        self.timers[server] = Some(at);
+        self.at(at, Event::ServerTimer(server));
     }
 
     /// A request's replies reach its client.
@@ -540,17 +654,14 @@ impl World {
             .iter()
             .map(|c| evaluated(c))
             .collect();
-        let mut kept = sent.replies.take().unwrap_or_default();
-        kept.truncate(first);
-        sent.kept = kept;
+        sent.replies = None;
+        sent.got.truncate(first);
         sent.commands.truncate(first);
-        sent.commands.extend(again.iter().cloned());
+        sent.commands.extend(again);
         sent.resent = Some(first);
-        let (server, conn) = (sent.server, sent.conn);
         self.trace
             .line(self.now, || format!("#{id} NOSCRIPT: sent again as EVAL"));
         let there = self.rng.u64(50..=500);
-        let _ = (server, conn, again);
         self.at(self.now + there, Event::Deliver(id));
     }
 
@@ -608,7 +719,7 @@ impl World {
         cutoff: Option<Instant>,
     ) -> Micros {
         let mut wait = self.cfg.io_timeout;
-        if let Some(block) = block {
+        if let Some(block) = block.filter(|b| !b.is_zero()) {
             wait += block + BLOCK_LATENESS;
         }
         let local = self.local(client) + wait;
