@@ -57,6 +57,9 @@ mod options;
 mod pool;
 mod process;
 mod protocol;
+// The runtime's own races under the shuttle scheduler (`cargo test --features shuttle`).
+#[cfg(all(test, feature = "shuttle"))]
+mod races;
 mod reentrant;
 mod renewal;
 mod scripts;

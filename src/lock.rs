@@ -1,8 +1,6 @@
 //! Acquiring a lock ([`LockBuilder`]) and holding it ([`LockGuard`]).
 
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -22,6 +20,8 @@ use crate::lease::{Extended, Lease};
 use crate::reentrant::{Held, Registry};
 use crate::renewal::Renewal;
 use crate::shared::Shared;
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::{Arc, MutexGuard};
 use crate::token;
 
 /// The ttl used when none is given.
@@ -323,7 +323,7 @@ impl LockGuard {
         }
     }
 
-    fn renewal_slot(&self) -> std::sync::MutexGuard<'_, Option<Renewal>> {
+    fn renewal_slot(&self) -> MutexGuard<'_, Option<Renewal>> {
         self.held.renewal()
     }
 

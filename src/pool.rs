@@ -20,14 +20,13 @@
 //! blocking) before reuse, so one closed by a restarted server is replaced, not used.
 
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::connection::{Connection, Connector};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lane::Lane;
 use crate::process;
-use crate::sync;
+use crate::sync::{self, Condvar, Mutex, MutexGuard};
 
 pub(crate) struct Pool {
     pub connector: Connector,

@@ -3,11 +3,10 @@
 //! another hold of the same owner joins the lease it already has.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::lease::Lease;
 use crate::renewal::Renewal;
-use crate::sync;
+use crate::sync::{self, Arc, Mutex, MutexGuard, Weak};
 
 /// A held lock as this process has it: its lease and its renewal, shared by the guards of
 /// the holds of one reentrant owner (one guard otherwise).

@@ -22,7 +22,6 @@
 //! wake-up comes before the next lock's first renewal gets that lock without even being
 //! woken. Parked threads exit after [`IDLE_TIMEOUT`].
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use crate::core::lease::{LostReason, RenewalStep};
@@ -30,7 +29,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::lane::Lane;
 use crate::lease::{Extended, Lease};
 use crate::process;
-use crate::sync;
+use crate::sync::{self, Arc, Condvar, Mutex, MutexGuard, Weak, thread};
 
 /// How soon a renewal thread looks again at a lease whose gate an extend holds.
 const GATE_RETRY: Duration = Duration::from_millis(10);
@@ -258,7 +257,7 @@ fn spawn(job: Job) -> Result<Arc<Worker>> {
         process: process::generation(),
     });
     let me = worker.clone();
-    std::thread::Builder::new()
+    thread::Builder::new()
         .name("redlease-renew".into())
         .stack_size(128 * 1024)
         .spawn(move || work(&me))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every check and test: Rust lints and docs, the generated C header, the Rust tests, the C
-# tests (ASan/UBSan and valgrind), the crate package, the C install (pkg-config, shared and
-# static), the Python sdist and wheel and the Python tests against the installed wheel, all
-# against real redis-server processes. Installs what it needs when missing.
+# Every check and test: Rust lints and docs, the generated C header, the Rust tests, the
+# runtime's races under shuttle, the C tests (ASan/UBSan and valgrind), the crate package,
+# the C install (pkg-config, shared and static), the Python sdist and wheel and the Python
+# tests against the installed wheel, all against real redis-server processes. Installs
+# what it needs when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REDLEASE_DEPS="tls c python" source .ci/deps.sh
@@ -21,6 +22,13 @@ step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 step "cargo test (Rust and C tests, and the redlease command's)"
 cargo test --workspace
+
+# The feature swaps every mutex, condition variable and thread of the runtime for shuttle's
+# (src/sync.rs), so only the races tests run with it. REDLEASE_SHUTTLE_SCALE=N explores N
+# times as many schedules.
+step "the runtime's races under the shuttle scheduler (cargo test --features shuttle)"
+cargo clippy --quiet --features shuttle --lib --tests -- -D warnings
+cargo test --quiet --features shuttle --lib races::
 
 step "demo (short run: 3 workers x 5 jobs)"
 cargo run --quiet --release --example demo -- 3 5

@@ -7,7 +7,6 @@
 //! moment the batch was written. Completions must be quick: they run on the thread that
 //! serves every other request of the node.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -16,7 +15,7 @@ use crate::backend::call::Call;
 use crate::backend::exec::{Exec, Replies};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lane::Lane;
-use crate::sync;
+use crate::sync::{self, Arc, Condvar, Mutex, MutexGuard, Weak, thread};
 
 /// How long a batching thread waits for work before it exits.
 const IDLE: Duration = Duration::from_secs(30);
@@ -88,7 +87,7 @@ impl Batcher {
         io: Duration,
     ) -> Result<u64> {
         let mut queue = batcher.queue();
-        let now = Instant::now();
+        let now = sync::now();
         if let Some(since) = queue.in_flight_since {
             if now.saturating_duration_since(since) > item.cutoff.saturating_duration_since(now) / 4
             {
@@ -104,7 +103,7 @@ impl Batcher {
             queue.running = true;
             drop(queue);
             let thread_batcher = batcher.clone();
-            let started = std::thread::Builder::new()
+            let started = thread::Builder::new()
                 .name("redlease-batch".into())
                 .stack_size(128 * 1024)
                 .spawn(move || serve(&thread_batcher, conduit, io));
@@ -119,7 +118,7 @@ impl Batcher {
                     std::mem::take(&mut queue.items)
                 };
                 for (_, other) in stranded {
-                    (other.done)(Err(failed.clone()), Instant::now());
+                    (other.done)(Err(failed.clone()), sync::now());
                 }
                 return Err(failed);
             }
@@ -158,9 +157,9 @@ fn serve(batcher: &Batcher, node: Weak<dyn Conduit>, io: Duration) {
     loop {
         let items = {
             let mut queue = batcher.queue();
-            let idle_since = Instant::now();
+            let idle_since = sync::now();
             while queue.items.is_empty() {
-                let left = IDLE.saturating_sub(idle_since.elapsed());
+                let left = IDLE.saturating_sub(sync::now().saturating_duration_since(idle_since));
                 if left.is_zero() || queue.closed {
                     queue.running = false;
                     return;
@@ -170,9 +169,9 @@ fn serve(batcher: &Batcher, node: Weak<dyn Conduit>, io: Duration) {
                 queue.sleeping = false;
             }
             if queue.items.len() < MAX_BATCH {
-                let until = Instant::now() + GATHER;
+                let until = sync::now() + GATHER;
                 loop {
-                    let left = until.saturating_duration_since(Instant::now());
+                    let left = until.saturating_duration_since(sync::now());
                     if left.is_zero() || queue.items.len() >= MAX_BATCH || queue.closed {
                         break;
                     }
@@ -181,7 +180,7 @@ fn serve(batcher: &Batcher, node: Weak<dyn Conduit>, io: Duration) {
                 }
             }
             let take = queue.items.len().min(MAX_BATCH);
-            let now = Instant::now();
+            let now = sync::now();
             queue.in_flight_since = Some(now);
             queue
                 .items
@@ -195,7 +194,7 @@ fn serve(batcher: &Batcher, node: Weak<dyn Conduit>, io: Duration) {
                 ErrorKind::Timeout,
                 "the request's cutoff passed before its batch was written",
             );
-            (item.done)(Err(late), Instant::now());
+            (item.done)(Err(late), sync::now());
         }
         if !items.is_empty() {
             match node.upgrade() {
@@ -203,7 +202,7 @@ fn serve(batcher: &Batcher, node: Weak<dyn Conduit>, io: Duration) {
                 None => {
                     let failed = Error::new(ErrorKind::Connection, "the client was closed");
                     for item in items {
-                        (item.done)(Err(failed.clone()), Instant::now());
+                        (item.done)(Err(failed.clone()), sync::now());
                     }
                 }
             }
@@ -216,7 +215,7 @@ fn serve(batcher: &Batcher, node: Weak<dyn Conduit>, io: Duration) {
 /// halfway to the earliest cutoff among them: replies come back in order, so one slow
 /// reply holds up all the others, and each must keep time to be sent again on its own.
 fn run_batch(node: &dyn Conduit, items: Vec<Item>, io: Duration) {
-    let now = Instant::now();
+    let now = sync::now();
     let cutoff = items
         .iter()
         .map(|i| i.cutoff)
@@ -229,7 +228,7 @@ fn run_batch(node: &dyn Conduit, items: Vec<Item>, io: Duration) {
         dones.push(item.done);
     }
     let how = Exec::new(Lane::Renewal, io).cutoff(cutoff);
-    let attempt_at = Instant::now();
+    let attempt_at = sync::now();
     let result = node.run(&calls, &how);
     match result {
         Ok(replies) => {

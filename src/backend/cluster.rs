@@ -12,7 +12,6 @@
 //! that did not run, and only within the request's bounds.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -25,7 +24,7 @@ use crate::backend::wire::run_calls;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::key_slot;
 use crate::lane::Lane;
-use crate::sync;
+use crate::sync::{self, Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::url::Addr;
 
 /// Number of hash slots.
@@ -65,11 +64,11 @@ impl Cluster {
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, SlotMap> {
+    fn read(&self) -> RwLockReadGuard<'_, SlotMap> {
         sync::read(&self.map)
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, SlotMap> {
+    fn write(&self) -> RwLockWriteGuard<'_, SlotMap> {
         sync::write(&self.map)
     }
 

@@ -11,8 +11,6 @@
 //! The data nodes are logged in to with the URL's user and password; the Sentinels with
 //! the `sentinel_user` / `sentinel_pass` query parameters (none by default).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -24,7 +22,8 @@ use crate::backend::redirect::{self, Redirect, Route};
 use crate::backend::wire::{reply, run_calls};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lane::Lane;
-use crate::sync;
+use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::{self, Arc, Mutex, MutexGuard};
 use crate::url::{Addr, Login};
 
 pub(crate) struct Sentinel {
@@ -58,7 +57,7 @@ impl Sentinel {
         }
     }
 
-    fn primary(&self) -> std::sync::MutexGuard<'_, Option<Arc<Node>>> {
+    fn primary(&self) -> MutexGuard<'_, Option<Arc<Node>>> {
         sync::lock(&self.primary)
     }
 

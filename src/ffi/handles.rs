@@ -5,7 +5,7 @@
 //! of reaching freed memory. A slot whose generation is used up is retired, never reused:
 //! no handle is ever issued twice in the life of a process. 0 is never a valid handle.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, MutexGuard};
 
 const INDEX_BITS: u32 = 32;
 const GENERATION_BITS: u32 = 24;
@@ -158,6 +158,55 @@ impl<T> HandleTable<T> {
             t.free.push(index);
         }
     }
+}
+
+/// Why [`insert_child`] stored nothing, or took back what it stored.
+pub(crate) enum ChildError<E, C> {
+    /// The parent's handle is not live.
+    NoParent,
+    /// Making the child failed.
+    Make(E),
+    /// The parent was closed while the child was being made: the child was taken out
+    /// again, here (`Some`: the caller gives it back) or by the close (`None`).
+    Orphaned(Option<Arc<C>>),
+}
+
+/// Stores in `children` a child of the live handle `parent` of `parents`: runs `make` with
+/// the parent and the child's handle (holding no table's lock: it may block), stores what
+/// it returns, and keeps it only if the parent is still live then. Together with
+/// [`close_parent`], every child made while its parent is closed is taken out by exactly
+/// one of the two: none stays behind its closed parent, none is taken twice.
+pub(crate) fn insert_child<P, C, E>(
+    parents: &HandleTable<P>,
+    children: &HandleTable<C>,
+    parent: u64,
+    make: impl FnOnce(Arc<P>, u64) -> Result<C, E>,
+) -> Result<u64, ChildError<E, C>> {
+    let live = parents.get(parent).ok_or(ChildError::NoParent)?;
+    let handle = children
+        .insert_with(|handle| make(live, handle))
+        .map_err(ChildError::Make)?;
+    // A close of the parent that ran during `make` could not take this child: it was not
+    // stored yet. (Whichever of the two removes the child has it: the close takes the
+    // parent out before it looks for its children.)
+    if parents.get(parent).is_none() {
+        return Err(ChildError::Orphaned(children.remove(handle)));
+    }
+    Ok(handle)
+}
+
+/// Closes `parent`: takes it out of `parents`, then every child of it (`of` names a
+/// child's parent) out of `children`, in that order (see [`insert_child`]). `None` when
+/// `parent` is not live (unknown, or closed already).
+pub(crate) fn close_parent<P, C>(
+    parents: &HandleTable<P>,
+    children: &HandleTable<C>,
+    parent: u64,
+    of: impl Fn(&C) -> u64,
+) -> Option<(Arc<P>, Vec<Arc<C>>)> {
+    let closed = parents.remove(parent)?;
+    let orphans = children.remove_where(|child| of(child) == parent);
+    Some((closed, orphans))
 }
 
 #[cfg(test)]

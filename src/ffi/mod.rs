@@ -8,7 +8,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod args;
-mod handles;
+pub(crate) mod handles;
 mod logging;
 mod status;
 
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use self::args::{Out, copy_out, opt_str_arg, prefix_size, read_sized, str_arg};
-use self::handles::{HandleTable, Kind};
+use self::handles::{ChildError, HandleTable, Kind};
 pub use self::logging::{
     LOCK_LOG_DEBUG, LOCK_LOG_ERROR, LOCK_LOG_INFO, LOCK_LOG_TRACE, LOCK_LOG_WARN, lock_log_cb,
 };
@@ -445,10 +445,9 @@ pub unsafe extern "C" fn lock_client_open_redlock(
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_client_close(client: lock_client_t) -> i32 {
     boundary(|| {
-        let closed = CLIENTS
-            .remove(client)
+        let (closed, locks) = handles::close_parent(&CLIENTS, &LOCKS, client, |e| e.client)
             .ok_or_else(|| Failure::handle("client"))?;
-        for entry in LOCKS.remove_where(|e| e.client == client) {
+        for entry in locks {
             if let Err(e) = entry.guard.release_shared() {
                 log::warn!("releasing a lock while closing its client: {e}");
             }
@@ -687,9 +686,8 @@ impl AcquireArgs {
         let owner = unsafe { opt_str_arg(opts.owner, "owner") }?;
         let owner_thread = (opts.reentrant && owner.is_none()).then(|| std::thread::current().id());
         let client_handle = self.client;
-        let client = self::client(self.client)?;
         let (ttl_ms, wait_ms) = (self.ttl_ms, self.wait_ms);
-        let handle = LOCKS.insert_with(|handle| -> Result<LockEntry, Failure> {
+        let make = |client: Arc<Client>, handle: lock_t| -> Result<LockEntry, Failure> {
             let mut builder = describe(&client, name)?
                 .ttl(millis(ttl_ms))
                 .renew(opts.renew);
@@ -733,21 +731,26 @@ impl AcquireArgs {
                 guard,
                 owner_thread,
             })
-        })?;
-        // A close of the client that ran during the wait could not release this lock: it
-        // did not exist yet. Give it back. (Whichever of the two removes the entry
-        // releases it: the close removes the client before it looks for its locks.)
-        if CLIENTS.get(client_handle).is_none() {
-            if let Some(entry) = LOCKS.remove(handle) {
-                if let Err(e) = entry.guard.release_shared() {
-                    log::warn!("releasing a lock acquired as its client was closed: {e}");
+        };
+        let made = handles::insert_child(&CLIENTS, &LOCKS, client_handle, make);
+        let handle = match made {
+            Ok(handle) => handle,
+            Err(ChildError::NoParent) => return Err(Failure::handle("client")),
+            Err(ChildError::Make(failure)) => return Err(failure),
+            // A close of the client that ran during the wait could not release this lock:
+            // it did not exist yet. Given back by whichever of the two took the entry out.
+            Err(ChildError::Orphaned(entry)) => {
+                if let Some(entry) = entry {
+                    if let Err(e) = entry.guard.release_shared() {
+                        log::warn!("releasing a lock acquired as its client was closed: {e}");
+                    }
                 }
+                return Err(Failure::new(
+                    LOCK_ERR_HANDLE,
+                    "the client was closed during the acquire; the lock it got was given back",
+                ));
             }
-            return Err(Failure::new(
-                LOCK_ERR_HANDLE,
-                "the client was closed during the acquire; the lock it got was given back",
-            ));
-        }
+        };
         out.write(handle);
         Ok(())
     }

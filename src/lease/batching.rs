@@ -2,14 +2,13 @@
 //! extend it sends each time, the renewal it queued last (to take back while it is
 //! unsent), and whether the last batched renewal failed.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::backend::call::Call;
 use crate::error::Result;
 use crate::protocol::Queued;
-use crate::sync;
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::{self, Mutex};
 
 /// The shortest lease whose renewals are batched: a batch waits a few milliseconds to
 /// gather renewals, a few percent of this.

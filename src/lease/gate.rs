@@ -5,9 +5,7 @@
 //! [`OwnedGateTicket`] can travel to another thread: a batched renewal holds it until its
 //! reply has been applied.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-
-use crate::sync;
+use crate::sync::{self, Arc, Condvar, Mutex, MutexGuard};
 
 /// One extend or renewal at a time, and none after a release.
 pub(crate) struct Gate {

@@ -4,11 +4,10 @@
 //! The state lives beside the lease's clock, under the lease's one lock (so a subscriber
 //! never misses a loss declared while it subscribes); the callbacks run outside it.
 
-use std::sync::Arc;
-
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::core::lease::LostReason;
+use crate::sync::Arc;
 
 /// A function told once when a lock is lost; runs on the renewal thread (or on the thread
 /// whose `extend` found the lock gone), so it must not block for long. A panic in it is

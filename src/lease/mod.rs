@@ -12,7 +12,6 @@ pub(crate) mod batching;
 pub(crate) mod gate;
 pub(crate) mod loss;
 
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -32,7 +31,7 @@ use crate::lane::Lane;
 use crate::process;
 use crate::protocol::{Hold, LockServer};
 use crate::stats;
-use crate::sync;
+use crate::sync::{self, Arc, Mutex, MutexGuard};
 
 use self::batching::{BATCH_MIN_TTL, Batching};
 use self::gate::{Gate, GateTicket, OwnedGateTicket};
