@@ -97,9 +97,12 @@ impl Batcher {
                 ));
             }
         }
+        // Queued first: a thread started for it finds it (one started before could idle
+        // out, unseen, before the item arrived, and leave it with nobody to serve it).
+        queue.next_id += 1;
+        let id = queue.next_id;
+        queue.items.push((id, item));
         if !queue.running {
-            // Started before the item is queued: if no thread can be had, nothing of
-            // ours is left in a queue that nobody serves.
             queue.running = true;
             drop(queue);
             let thread_batcher = batcher.clone();
@@ -112,21 +115,22 @@ impl Batcher {
                     ErrorKind::Internal,
                     format!("cannot start a renewal batching thread: {e}"),
                 );
+                // Nobody serves the queue: ours goes back unsent (its caller sends it on its
+                // own), the others' fail.
                 let stranded = {
                     let mut queue = batcher.queue();
                     queue.running = false;
                     std::mem::take(&mut queue.items)
                 };
-                for (_, other) in stranded {
-                    (other.done)(Err(failed.clone()), sync::now());
+                for (other_id, other) in stranded {
+                    if other_id != id {
+                        (other.done)(Err(failed.clone()), sync::now());
+                    }
                 }
                 return Err(failed);
             }
-            queue = batcher.queue();
+            return Ok(id);
         }
-        queue.next_id += 1;
-        let id = queue.next_id;
-        queue.items.push((id, item));
         let wake = queue.sleeping;
         drop(queue);
         if wake {

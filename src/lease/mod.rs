@@ -481,6 +481,11 @@ impl Lease {
             .queue_renewal(&self.keys.lock, item, deadline)
             .inspect_err(|_| self.not_sent())?;
         self.batching.queued(queued, Instant::now());
+        if self.gate.closing() {
+            // A release began while this renewal was being handed over: it found nothing
+            // queued to take back, and must not wait for another lock's slow batch.
+            self.withdraw_queued_renewal(Duration::ZERO);
+        }
         Ok(())
     }
 

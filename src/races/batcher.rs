@@ -147,13 +147,10 @@ fn renewals_queued_as_their_node_goes_are_completed_once() {
 }
 
 /// A batching thread that idles out (every timed wait times out here, the idle one's too)
-/// never leaves an item queued with no thread to serve it. `submit` marks the batcher as
-/// served and starts a thread before it queues its item: a thread that starts, finds the
-/// queue still empty and idles out before the item is queued leaves it stranded (until the
-/// next submit starts another thread; the renewal thread takes its renewal back a third of
-/// a lease later).
+/// never leaves an item queued with no thread to serve it. (Found here: `submit` once
+/// started its thread before it queued its item, and a thread that found the queue still
+/// empty and idled out left the item stranded until the next submit.)
 #[test]
-#[ignore = "real race: a batching thread that idles out before its starter queued the item strands it"]
 fn a_batching_thread_that_idles_out_never_strands_an_item() {
     explore(super::SCHEDULES, || {
         virtual_clock::set_horizon(Duration::MAX);

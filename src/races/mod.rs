@@ -30,9 +30,10 @@
 //! Shuttle has no timers. Under it a short timed wait (the batcher's gathering) lets the
 //! other threads run and then times out, moving a virtual clock on; a long one (an idle
 //! thread's) waits for a notification, so a lost wake-up shows as a deadlock (see
-//! [`crate::sync::wait_timeout`]). Tests marked `#[ignore]` found real races that are not
-//! fixed yet: each says which; `cargo test --features shuttle --lib races:: -- --ignored`
-//! shows them failing.
+//! [`crate::sync::wait_timeout`]). Two of these tests found real races, since fixed: a
+//! release during a renewal's hand-over to its batch waited for another lock's stalled
+//! batch (`release.rs`), and a batching thread that idled out before its starter queued
+//! an item stranded it (`batcher.rs`).
 
 mod batcher;
 mod gate;
