@@ -418,11 +418,15 @@ pub fn grant_to_a_vanished_waiter(server: &RedisServer, client: &Client, name: &
         let (client, name, cancel) = (client.clone(), name.to_owned(), cancel.clone());
         std::thread::spawn(move || client.lock(&name).cancel_token(&cancel).acquire().map(drop))
     };
+    // This name's queue only (another name's may still be there).
     let queue = || -> Vec<Vec<u8>> {
-        redis::cmd("KEYS")
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
             .arg("redlease:queue:*")
             .query(&mut server.conn())
-            .unwrap()
+            .unwrap();
+        keys.into_iter()
+            .filter(|k| String::from_utf8_lossy(k).contains(name))
+            .collect()
     };
     assert!(
         eventually(Duration::from_secs(5), || queue().len() == 1),
