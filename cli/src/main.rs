@@ -50,11 +50,56 @@ Exit status:
   69       Redis unreachable, timed out or answered with an error;
            check: also when the eviction policy can delete lock keys
   70       internal error (a bug)
+  71       run: the OS refused a signal mask or a wait
+  74       standard output could not be written (a closed pipe)
   75       run: the lock was busy after the wait (--busy-exit N to change)
   76       run: the lock was lost while the command ran (--lost-exit N to change)
   126/127  run: the command could not be executed / was not found
   128+N    run: the command was killed by signal N, or redlease was stopped by
            signal N while waiting for the lock";
+
+/// The exit statuses of `run`.
+const RUN_EXIT_CODES: &str = "\
+Exit status:
+  0-255    the command's own status, passed through
+  64       usage: bad arguments, no URL (give --url or REDIS_URL), malformed URL or lock name
+  69       Redis unreachable, timed out or answered with an error
+  70       internal error (a bug)
+  71       the OS refused a signal mask or a wait
+  75       the lock was busy after the wait (--busy-exit N to change)
+  76       the lock was lost while the command ran (--lost-exit N to change)
+  126/127  the command could not be executed / was not found
+  128+N    the command was killed by signal N, or redlease was stopped by signal N
+           while waiting for the lock";
+
+/// The exit statuses of `status` and `list`.
+const SHOW_EXIT_CODES: &str = "\
+Exit status:
+  0   printed (a free lock is not an error)
+  64  usage: bad arguments, no URL (give --url or REDIS_URL), malformed URL or lock name
+  69  Redis unreachable, timed out or answered with an error
+  70  internal error (a bug)
+  74  standard output could not be written (a closed pipe)";
+
+/// The exit statuses of `release`.
+const RELEASE_EXIT_CODES: &str = "\
+Exit status:
+  0   released
+  1   nothing deleted (the lock was free, or changed hands meanwhile)
+  64  usage: without --force, bad arguments, no URL, malformed URL or lock name
+  69  Redis unreachable, timed out or answered with an error
+  70  internal error (a bug)
+  74  standard output could not be written (a closed pipe)";
+
+/// The exit statuses of `check`.
+const CHECK_EXIT_CODES: &str = "\
+Exit status:
+  0   fit for locks (persistence off is a warning only)
+  64  usage: bad arguments, no URL (give --url or REDIS_URL), malformed URL
+  69  Redis unreachable, timed out or answered with an error, or its eviction policy
+      can delete lock keys (anything but noeviction)
+  70  internal error (a bug)
+  74  standard output could not be written (a closed pipe)";
 
 const TOP_EXAMPLES: &str = "\
 Examples:
@@ -143,7 +188,7 @@ Examples:
   # pass the fencing token on to the storage
   redlease run --fence-env FENCE migrate -- sh -c 'migrate --fencing-token \"$FENCE\"'
 
-{EXIT_CODES}"))]
+{RUN_EXIT_CODES}"))]
 pub struct RunArgs {
     /// Lock name (the key is the --key-prefix plus NAME).
     name: String,
@@ -186,15 +231,17 @@ pub struct RunArgs {
 /// Show who holds each lock: holder (host/pid from its token), remaining ttl, last fencing
 /// token, waiters.
 #[derive(Args)]
-#[command(after_help = "\
+#[command(after_help = format!("\
 Examples:
   redlease status nightly-report
   redlease status deploy migrate --json
 
 Columns: KEY, HOLDER (host/pid of the holding redlease or program; - when free), TTL (time
 left unless renewed), FENCE (last fencing token handed out), WAITERS (clients waiting now).
---json prints an array of {key, held, holder (the whole token), owner, ttl_ms,
-fencing_token, waiters}.")]
+--json prints an array of {{key, held, holder (the whole token), owner, ttl_ms,
+fencing_token, waiters}}.
+
+{SHOW_EXIT_CODES}"))]
 struct StatusArgs {
     /// Lock names.
     #[arg(value_name = "NAME", required = true)]
@@ -209,12 +256,14 @@ struct StatusArgs {
 /// Locks only ever taken by other clients with plain SET NX have no counter and are not
 /// listed.
 #[derive(Args)]
-#[command(after_help = "\
+#[command(after_help = format!("\
 Examples:
   redlease list
   redlease list 'jobs:*' --json
 
-Same columns and JSON as `status`.")]
+Same columns and JSON as `status`.
+
+{SHOW_EXIT_CODES}"))]
 struct ListArgs {
     /// Glob on the lock key (* and ?; the key includes any --key-prefix).
     #[arg(value_name = "PATTERN", default_value = "*")]
@@ -234,12 +283,11 @@ struct ListArgs {
 /// (`redlease run` then stops its command), but its work may still be running: use this only
 /// for a holder known to be gone, and rely on fencing tokens.
 #[derive(Args)]
-#[command(after_help = "\
+#[command(after_help = format!("\
 Examples:
   redlease release nightly-report --force
 
-Exit status: 0 released, 1 nothing deleted (the lock was free, or changed hands meanwhile),
-64 without --force, 69 Redis unreachable.")]
+{RELEASE_EXIT_CODES}"))]
 struct ReleaseArgs {
     /// Lock name.
     name: String,
@@ -256,10 +304,12 @@ struct ReleaseArgs {
 /// Exits 69 when the server is unreachable or its maxmemory-policy can delete lock keys
 /// (anything but noeviction); persistence off is a warning only (exit 0).
 #[derive(Args)]
-#[command(after_help = "\
+#[command(after_help = format!("\
 Examples:
   redlease check --url redis://redis.internal:6379/0
-  redlease check --json")]
+  redlease check --json
+
+{CHECK_EXIT_CODES}"))]
 struct CheckArgs {
     /// Print JSON.
     #[arg(long)]

@@ -866,6 +866,32 @@ fn usage_errors_are_one_line_and_help_documents_exit_codes() {
         assert_eq!(out.code, Some(0));
         assert!(out.stdout.contains("Examples"), "{sub} --help");
     }
+    // Every subcommand's help lists the statuses it can exit with.
+    for (sub, codes) in [
+        (
+            "run",
+            &["64", "69", "70", "71", "75", "76", "126/127", "128+N"][..],
+        ),
+        ("status", &["0", "64", "69", "70", "74"][..]),
+        ("list", &["0", "64", "69", "70", "74"][..]),
+        ("release", &["0", "1", "64", "69", "70", "74"][..]),
+        ("check", &["0", "64", "69", "70", "74"][..]),
+    ] {
+        let out = exec(&[sub, "--help"]);
+        let statuses = out
+            .stdout
+            .split("Exit status:")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{sub} --help lists no exit status: {}", out.stdout));
+        for code in codes {
+            assert!(
+                statuses
+                    .lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{code} "))),
+                "{sub} --help lacks exit status {code}: {statuses}"
+            );
+        }
+    }
 }
 
 #[test]
