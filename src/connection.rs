@@ -109,6 +109,7 @@ impl Connector {
             broken: false,
             pending: 0,
             process: process::generation(),
+            addr: self.addr.clone(),
         };
         self.log_in(&mut conn, deadline)?;
         Ok(conn)
@@ -177,9 +178,11 @@ fn resolve(host: &str, port: u16, deadline: Instant) -> Result<Vec<SocketAddr>> 
         Ok(Err(e)) => Err(
             Error::new(ErrorKind::Connection, format!("cannot resolve {host}: {e}")).with_source(e),
         ),
+        // A name that cannot be resolved is one kind of failure, however long the resolver
+        // took to say so (a resolver that hangs on an unknown name is common).
         Err(_) => Err(Error::new(
-            ErrorKind::Timeout,
-            format!("resolving {host} took longer than the connect timeout"),
+            ErrorKind::Connection,
+            format!("cannot resolve {host}: no answer within the connect timeout"),
         )),
     }
 }
@@ -434,6 +437,8 @@ pub(crate) struct Connection {
     /// Replies sent for and not read yet; a connection is reusable only at 0.
     pending: usize,
     process: u64,
+    /// The server's address, for messages.
+    addr: Addr,
 }
 
 /// Reads from the connection for the parser, waiting until `deadline` and resuming after
@@ -510,11 +515,17 @@ impl Connection {
         };
         let parsed = self.parser.parse_value(&mut reader);
         let ended = reader.ended;
+        let addr = &self.addr;
         let value = parsed.map_err(|e| {
             let kind = ended.unwrap_or(ErrorKind::Connection);
             let message = match kind {
                 ErrorKind::Timeout => "no reply in time".to_owned(),
                 ErrorKind::Cancelled => "the wait was cancelled".to_owned(),
+                // Not RESP at all: another service on the port (an HTTP proxy, say). The
+                // parser's own message dumps the bytes it met.
+                _ if e.kind() == redis::ErrorKind::Parse => {
+                    format!("the server at {addr} did not answer as a Redis server (is it one?)")
+                }
                 _ if e.is_unrecoverable_error() || e.is_io_error() => {
                     format!("the connection was lost: {e}")
                 }

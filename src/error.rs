@@ -197,13 +197,24 @@ impl fmt::Display for Error {
 }
 
 impl fmt::Debug for Error {
+    /// As [`Display`](fmt::Display), plus whether the outcome is unknown: what a
+    /// `main() -> Result<(), Box<dyn Error>>` prints when it returns this error. The
+    /// alternate form (`{:#?}`) shows every field.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Error")
-            .field("kind", &self.kind)
-            .field("message", &self.message)
-            .field("outcome_unknown", &self.outcome_unknown)
-            .field("source", &self.source)
-            .finish()
+        if f.alternate() {
+            return f
+                .debug_struct("Error")
+                .field("kind", &self.kind)
+                .field("message", &self.message)
+                .field("outcome_unknown", &self.outcome_unknown)
+                .field("source", &self.source)
+                .finish();
+        }
+        write!(f, "{self}")?;
+        if self.outcome_unknown {
+            f.write_str(" (the request was sent and its reply never came: it may have run)")?;
+        }
+        Ok(())
     }
 }
 
@@ -238,3 +249,22 @@ impl fmt::Display for ServerReply {
 }
 
 impl std::error::Error for ServerReply {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_reads_like_the_message_for_a_main_that_returns_the_error() {
+        let e = Error::new(ErrorKind::Busy, "lock \"x\" is held by another owner");
+        assert_eq!(
+            format!("{e:?}"),
+            "busy: lock \"x\" is held by another owner"
+        );
+        let sent = Error::new(ErrorKind::Timeout, "no reply in time").sent();
+        let shown = format!("{sent:?}");
+        assert!(shown.starts_with("timeout: no reply in time"), "{shown}");
+        assert!(shown.contains("may have run"), "{shown}");
+        assert!(format!("{sent:#?}").contains("outcome_unknown: true"));
+    }
+}

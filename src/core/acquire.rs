@@ -415,7 +415,7 @@ impl AcquireMachine {
         {
             // Taken, but too few replicas have it: roll back (for a re-entry, its own hold
             // only), within one I/O timeout.
-            return self.give_back(AfterGiveBack::RolledBack(short), false, now);
+            return self.give_back(AfterGiveBack::RolledBack(short), false, false, now);
         }
         match reply {
             AttemptReply::Reentered {
@@ -446,10 +446,10 @@ impl AcquireMachine {
             // A quorum may hold part of the attempt (a minority): given back first.
             AttemptReply::Busy { .. } if last && !self.spec.blocks => {
                 let busy = self.busy();
-                self.give_back(AfterGiveBack::Fail(busy), false, now)
+                self.give_back(AfterGiveBack::Fail(busy), false, false, now)
             }
             AttemptReply::Busy { holder_pttl } if !self.spec.blocks => {
-                self.give_back(AfterGiveBack::BackOff { holder_pttl }, false, now)
+                self.give_back(AfterGiveBack::BackOff { holder_pttl }, false, false, now)
             }
             // A last attempt withdrew on the server; a single attempt never registered.
             AttemptReply::Busy { .. } if last => Action::Done(Err(self.busy())),
@@ -505,7 +505,8 @@ impl AcquireMachine {
             }
             log::debug!("waiting for {:?}: {e}; trying again", self.spec.key);
             if !self.spec.blocks {
-                return self.give_back(AfterGiveBack::Recover, false, now);
+                let unanswered = e.outcome_unknown();
+                return self.give_back(AfterGiveBack::Recover, false, unanswered, now);
             }
             return self.recover(now);
         }
@@ -561,7 +562,7 @@ impl AcquireMachine {
                     self.done(extended, None)
                 } else {
                     // The extend's reply came too late to be of use: give it back.
-                    self.give_back(AfterGiveBack::TryAgain { last }, false, now)
+                    self.give_back(AfterGiveBack::TryAgain { last }, false, false, now)
                 }
             }
             // The key changed hands as it was taken (deleted by someone): nothing is held,
@@ -575,7 +576,8 @@ impl AcquireMachine {
                 {
                     return self.done(granted, None);
                 }
-                self.give_back(AfterGiveBack::Fail(e), false, now)
+                let unanswered = e.outcome_unknown();
+                self.give_back(AfterGiveBack::Fail(e), false, unanswered, now)
             }
         }
     }
@@ -597,19 +599,30 @@ impl AcquireMachine {
         if !(self.registered || error.outcome_unknown()) {
             return Action::Done(Err(error));
         }
-        self.give_back(AfterGiveBack::Fail(error), quick, now)
+        // (A cancelled wait was answered by nobody because the caller stopped listening:
+        // the server may well be there, and a quick withdrawal tidies it up.)
+        let unanswered = error.outcome_unknown() && !error.is_cancelled();
+        self.give_back(AfterGiveBack::Fail(error), quick, unanswered, now)
     }
 
     /// Sends the release script for the current token as a withdrawal, within the call's
-    /// bounds (in the background when they are used up).
-    fn give_back(&mut self, then: AfterGiveBack, quick: bool, now: Instant) -> Action {
+    /// bounds. It goes out in the background when they are used up, and when the request
+    /// before it went `unanswered` (a server that did not answer that is not waited for a
+    /// second time: the call returns, and the give-back lands when it can).
+    fn give_back(
+        &mut self,
+        then: AfterGiveBack,
+        quick: bool,
+        unanswered: bool,
+        now: Instant,
+    ) -> Action {
         let io = self.spec.bounds.io;
         let allowed = if quick { QUICK_WITHDRAW.min(io) } else { io };
         let mut cutoff = now + allowed;
         if let Some(c) = self.cutoff {
             cutoff = cutoff.min(c);
         }
-        let background = cutoff.saturating_duration_since(now) < MIN_INLINE;
+        let background = unanswered || cutoff.saturating_duration_since(now) < MIN_INLINE;
         let token = self.token.clone();
         self.phase = Phase::GivingBack(then);
         Action::GiveBack {
@@ -817,33 +830,48 @@ mod tests {
     }
 
     #[test]
-    fn an_unanswered_try_is_withdrawn_within_the_calls_bound_or_in_the_background() {
+    fn an_unanswered_try_is_withdrawn_in_the_background() {
         let t0 = Instant::now();
         let mut m = machine(Wait::No, true, true, 10 * S, t0);
         plan(m.step(Event::Start, t0, false));
-        // Unanswered after the connect and I/O timeouts: 100 ms of the bound are left.
-        let now = t0 + 600 * MS;
+        // Unanswered after the I/O timeout: the server is not waited for a second time.
+        let now = t0 + 500 * MS;
         match m.step(Event::Attempted(Err(unanswered())), now, false) {
             Action::GiveBack {
-                token,
-                cutoff,
-                background,
+                token, background, ..
             } => {
                 assert_eq!(token, "t1");
-                assert!(!background);
-                assert_eq!(cutoff, t0 + 700 * MS, "within the call's own bound");
+                assert!(background);
             }
             other => panic!("{other:?}"),
         }
-        let mut m = machine(Wait::No, true, true, 10 * S, t0);
-        plan(m.step(Event::Start, t0, false));
-        // Nothing of the bound left: the give-back goes out in the background.
-        match m.step(Event::Attempted(Err(unanswered())), t0 + 690 * MS, false) {
-            Action::GiveBack { background, .. } => assert!(background),
+        match m.step(Event::GaveBack(None), now, false) {
+            Action::Done(Err(e)) => assert!(e.outcome_unknown()),
             other => panic!("{other:?}"),
         }
-        match m.step(Event::GaveBack(None), t0 + 690 * MS, false) {
-            Action::Done(Err(e)) => assert!(e.outcome_unknown()),
+        // A registration given up on for a reason of the caller's own is withdrawn within
+        // the call's bound; with nothing of the bound left, in the background.
+        let end = t0 + 300 * MS;
+        let mut m = machine(Wait::Until(end), true, true, 10 * S, t0);
+        plan(m.step(Event::Start, t0, false));
+        plan(m.step(answer(busy(), t0), t0 + MS, false));
+        let refused = Error::new(ErrorKind::Server, "OOM command not allowed");
+        match m.step(Event::Attempted(Err(refused)), t0 + 10 * MS, false) {
+            Action::GiveBack {
+                background, cutoff, ..
+            } => {
+                assert!(!background);
+                assert_eq!(cutoff, t0 + 510 * MS);
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut m = machine(Wait::Until(end), true, true, 10 * S, t0);
+        plan(m.step(Event::Start, t0, false));
+        plan(m.step(answer(busy(), t0), t0 + MS, false));
+        let cutoff = m.cutoff().unwrap();
+        let refused = Error::new(ErrorKind::Server, "OOM command not allowed");
+        match m.step(Event::Attempted(Err(refused)), cutoff - 5 * MS, false) {
+            Action::GiveBack { background, .. } => assert!(background),
             other => panic!("{other:?}"),
         }
     }

@@ -217,6 +217,8 @@ pub(crate) struct Round {
     pub answers: Vec<Option<Result<Vec<Value>, Error>>>,
     /// When the round started, by its client's clock.
     pub started: Instant,
+    /// When the round started, in virtual time (no member ran it earlier).
+    pub sent_at: Micros,
     pub ttl: Duration,
 }
 

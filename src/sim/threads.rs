@@ -404,6 +404,7 @@ impl World {
             requests,
             answers,
             started,
+            sent_at: self.now,
             ttl,
         }
     }
@@ -424,6 +425,7 @@ impl World {
             requests: Vec::new(),
             answers: std::mem::take(&mut round.answers),
             started: round.started,
+            sent_at: round.sent_at,
             ttl: round.ttl,
         })
     }
@@ -654,7 +656,9 @@ impl World {
             now,
         ) {
             AcquireVerdict::Granted => {
-                acq.granted_at = Some(self.now);
+                // Its writes ran after the round was sent: a member's data lost since then
+                // may have been this grant's.
+                acq.granted_at = Some(round.sent_at);
                 Event::Attempted(Ok(Answer {
                     reply: AttemptReply::Granted {
                         fencing_token: 0,

@@ -221,3 +221,79 @@ fn the_connect_timeout_bounds_the_handshake() {
     }
     drop(silent);
 }
+
+/// An attempt a stopped server never answered is given back in the background: the call
+/// does not wait a second time for a server that did not answer (it once waited one more
+/// I/O timeout for the give-back: 1.0 s here, against connect + I/O = 0.6 s).
+#[test]
+fn a_try_acquire_does_not_wait_for_the_give_back_of_its_unanswered_attempt() {
+    let server = RedisServer::start();
+    let options = ClientOptions::default()
+        .connect_timeout(Duration::from_millis(100))
+        .io_timeout(Duration::from_millis(500));
+    let client = Client::with_options(&server.url(), options).unwrap();
+    client.ping().unwrap();
+    server.pause();
+    let started = Instant::now();
+    let result = within(Duration::from_secs(20), move || {
+        client.lock("unanswered").try_acquire().map(drop)
+    });
+    let took = started.elapsed();
+    server.resume();
+    let e = result.unwrap_err();
+    assert!(e.outcome_unknown(), "{e}");
+    assert!(
+        took <= Duration::from_millis(600 + 200),
+        "try_acquire took {took:?}: connect 0.1 s + I/O 0.5 s, the give-back in the background"
+    );
+}
+
+/// A waiting acquire whose grant needs a settling extend, and whose server then stops
+/// answering, gives the grant back without going past its own bound (the give-back was
+/// once cut at "now + I/O timeout" instead of the acquire's cutoff: 2.15 s here, against
+/// 1.45 s).
+#[test]
+fn a_settle_give_back_never_takes_an_acquire_past_its_bound() {
+    use crate::support::proxy::{Action, Proxy};
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let options = ClientOptions::default()
+        .connect_timeout(Duration::from_millis(100))
+        .io_timeout(Duration::from_secs(1));
+    let client = Client::with_options(&proxy.url(), options).unwrap();
+    support::warm(&client);
+    // The attempt's reply 150 ms late (less than 2/3 of the 300 ms lease left: settle
+    // extends); then nothing is answered any more.
+    let name = "settle-bound";
+    proxy.on_request(
+        name.as_bytes(),
+        1,
+        Action::DelayReply(Duration::from_millis(150)),
+    );
+    proxy.on_request(
+        name.as_bytes(),
+        5,
+        Action::DelayReply(Duration::from_secs(10)),
+    );
+    let wait = Duration::from_millis(100);
+    let started = Instant::now();
+    let result = within(Duration::from_secs(20), move || {
+        client
+            .lock(name)
+            .ttl(Duration::from_millis(300))
+            .renew(false)
+            .acquire_timeout(wait)
+            .map(drop)
+    });
+    let took = started.elapsed();
+    assert!(
+        result.is_err(),
+        "the lease ran out while the extend went unanswered"
+    );
+    let bound =
+        wait + Duration::from_millis(100) + Duration::from_secs(1) + Duration::from_millis(250);
+    assert!(
+        took <= bound + Duration::from_millis(300),
+        "acquire_timeout({wait:?}) took {took:?}; bound wait + connect + I/O + 0.25 s = {bound:?}"
+    );
+}

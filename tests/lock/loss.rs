@@ -247,3 +247,31 @@ fn a_loss_found_by_both_an_extend_and_the_renewal_is_told_once_at_the_deadline()
     assert!(!held);
     assert!(released.unwrap_err().is_not_held());
 }
+
+/// Nothing is wrong when a release takes back its lock's own renewal from a batch held up
+/// by another lock's slow reply: no warning, as for any release (it once logged "renewing
+/// lock ... failed, retrying: ... taken back from its batch" and counted a failed renewal).
+#[test]
+fn a_release_that_takes_back_its_queued_renewal_warns_of_nothing() {
+    crate::support::warnings();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = crate::support::client(&proxy.url());
+    warm(&client);
+    let ttl = Duration::from_secs(6);
+    // A lock whose renewal (due at 2 s) gets its reply 3 s late, holding up its batch...
+    let _slow = client.lock("stalling").ttl(ttl).try_acquire().unwrap();
+    let stalled = proxy.on_request(b"stalling", 1, Action::DelayReply(Duration::from_secs(3)));
+    std::thread::sleep(Duration::from_millis(100));
+    // ...and one whose renewal, due 0.1 s later, queues behind it.
+    let name = "quiet-take-back";
+    let guard = client.lock(name).ttl(ttl).try_acquire().unwrap();
+    assert!(eventually(Duration::from_secs(10), || proxy
+        .matched(stalled)
+        == 1));
+    std::thread::sleep(Duration::from_millis(300));
+    guard.release().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let warned = crate::support::warnings_about(name);
+    assert!(warned.is_empty(), "{warned:?}");
+}

@@ -21,6 +21,7 @@
 //!   operators' view.
 //! - `kinds`: reentrant locks, semaphores, read-write locks.
 //! - `deployments`: Cluster, Sentinel, replica acknowledgement, Redlock.
+//! - `errors`: what a failure says, and that it says the same for the same cause.
 //! - `upgrade`: clients of 0.1 and of this version on the same names.
 //! - `chaos`: randomised runs under every fault at once (ignored: run by hand).
 //! - `proxy_selftest`: the fault proxy itself does what the tests above rely on.
@@ -34,6 +35,7 @@ mod bounds;
 mod cancel;
 mod chaos;
 mod deployments;
+mod errors;
 mod extend;
 mod faults;
 mod input;

@@ -3,7 +3,6 @@
 //! client's acquire is refused with an error (never a false grant), and each release's
 //! answer matches the key. An evicting policy, which may delete lock keys, is warned about.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use redlease::{Client, ErrorKind};
@@ -124,21 +123,7 @@ fn renewals_acquires_and_releases_under_maxmemory_stay_honest() {
 /// Issue 8, item 10: a server whose eviction policy may delete lock keys is warned about.
 #[test]
 fn an_evicting_maxmemory_policy_is_warned_about() {
-    static RECORDS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    struct Capture;
-    impl log::Log for Capture {
-        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-            true
-        }
-        fn log(&self, record: &log::Record<'_>) {
-            if record.level() <= log::Level::Warn {
-                RECORDS.lock().unwrap().push(record.args().to_string());
-            }
-        }
-        fn flush(&self) {}
-    }
-    let _ = log::set_logger(&Capture);
-    log::set_max_level(log::LevelFilter::Warn);
+    crate::support::warnings();
     let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
     client(&server.url())
         .lock("evictable")
@@ -146,7 +131,7 @@ fn an_evicting_maxmemory_policy_is_warned_about() {
         .unwrap()
         .release()
         .unwrap();
-    let records = RECORDS.lock().unwrap();
+    let records = crate::support::warnings();
     assert!(
         records
             .iter()

@@ -461,3 +461,25 @@ fn many_waiters_giving_up_as_the_holder_releases() {
         );
     }
 }
+
+/// A waiter that never reached the server (every connection refused) has nothing to
+/// withdraw, and says nothing about a withdrawal (it once warned "could not withdraw ... a
+/// grant this caller may hold lapses after its lease").
+#[test]
+fn a_waiter_whose_connections_were_all_refused_warns_of_no_withdrawal() {
+    crate::support::warnings();
+    let port = crate::support::free_port();
+    let options = ClientOptions::default()
+        .connect_timeout(Duration::from_millis(100))
+        .io_timeout(Duration::from_millis(200));
+    let client = Client::with_options(&format!("redis://127.0.0.1:{port}/0"), options).unwrap();
+    let name = "refused-waiter";
+    let e = client
+        .lock(name)
+        .acquire_timeout(Duration::from_secs(3))
+        .unwrap_err();
+    assert_eq!(e.kind(), redlease::ErrorKind::Connection, "{e}");
+    assert!(!e.outcome_unknown(), "nothing was ever sent: {e}");
+    let warned = crate::support::warnings_about(name);
+    assert!(warned.is_empty(), "{warned:?}");
+}

@@ -586,3 +586,40 @@ pub fn no_second_holder(
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// The library's log records at `Warn` and above, captured by a logger installed once per
+/// test process (a process may have only one logger): records of other tests running at
+/// the same time are there too, so look for those that name your own lock.
+pub fn warnings() -> Vec<String> {
+    use std::sync::{Mutex, OnceLock};
+    static RECORDS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    struct Capture;
+    impl log::Log for Capture {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            if record.level() <= log::Level::Warn {
+                RECORDS
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!("{}: {}", record.level(), record.args()));
+            }
+        }
+        fn flush(&self) {}
+    }
+    INSTALLED.get_or_init(|| {
+        let _ = log::set_logger(&Capture);
+        log::set_max_level(log::LevelFilter::Warn);
+    });
+    RECORDS.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// The captured warnings (see [`warnings`]) that mention `needle`.
+pub fn warnings_about(needle: &str) -> Vec<String> {
+    warnings()
+        .into_iter()
+        .filter(|w| w.contains(needle))
+        .collect()
+}

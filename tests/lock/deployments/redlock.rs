@@ -355,3 +355,49 @@ fn a_redlock_retry_never_counts_a_member_whose_give_back_is_late() {
     let rival = Client::redlock(&urls, options).unwrap();
     crate::support::no_second_holder(&rival, name, &holder, Duration::from_secs(2));
 }
+
+/// A member that hands the lock to a waiter of its own (a single-server client waiting on
+/// that member) gave the Redlock hold back all the same: with two of three members doing
+/// so, the release is still a release (it once reported `NotHeld`: only replies of 1 were
+/// counted).
+#[test]
+fn a_release_handed_to_waiters_on_members_counts_as_released() {
+    let servers = primaries(3);
+    let urls = urls(&servers);
+    let client = redlock(&urls);
+    let name = "handed-on";
+    let guard = client
+        .lock(name)
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .unwrap();
+    // Single-server clients of members 0 and 1 wait for the same name there.
+    let waiters: Vec<_> = servers[..2]
+        .iter()
+        .map(|s| {
+            let single = Client::open(&s.url()).unwrap();
+            std::thread::spawn(move || {
+                single
+                    .lock(name)
+                    .ttl(Duration::from_secs(10))
+                    .acquire_timeout(Duration::from_secs(20))
+                    .map(|g| g.token().to_owned())
+            })
+        })
+        .collect();
+    for server in &servers[..2] {
+        assert!(crate::support::eventually(Duration::from_secs(10), || {
+            let clients: String = server.cmd(&["CLIENT", "LIST"]);
+            clients.lines().any(|c| c.contains("cmd=blpop"))
+        }));
+    }
+    guard
+        .release()
+        .expect("released on every member (two of them by handing it on)");
+    for waiter in waiters {
+        waiter
+            .join()
+            .unwrap()
+            .expect("each member's waiter got the lock handed on");
+    }
+}

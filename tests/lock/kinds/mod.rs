@@ -133,6 +133,37 @@ fn names_across_kinds_with_reentrant_locks_refuse_cleanly_and_change_nothing() {
 // Shared by the modules of each kind: checks on the server, interval logs checked offline,
 // and a schedule of faults.
 
+/// A name that switches kind while a waiter of the old kind is still registered (it
+/// vanished without withdrawing) stays blocked for at most one grace (the I/O timeout +
+/// 0.5 s): the release hands the lock to that waiter, and the grant nobody takes lapses.
+#[test]
+fn a_name_switching_kind_under_a_vanished_waiter_is_blocked_for_at_most_a_grace() {
+    let server = RedisServer::start();
+    let client = crate::support::client(&server.url());
+    crate::support::grant_to_a_vanished_waiter(&server, &client, "switching");
+    let started = std::time::Instant::now();
+    let permit = loop {
+        match client.semaphore("switching", 2).try_acquire() {
+            Ok(permit) => break permit,
+            Err(e) => {
+                assert!(e.message().contains("another kind"), "{e}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "still blocked: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    let grace = Duration::from_secs(2) + Duration::from_millis(500);
+    assert!(
+        started.elapsed() <= grace + Duration::from_millis(500),
+        "blocked for {:?}, more than the grace of {grace:?}",
+        started.elapsed()
+    );
+    permit.release().unwrap();
+}
+
 fn exists(server: &RedisServer, key: &str) -> bool {
     server.cmd::<i64>(&["EXISTS", key]) == 1
 }
