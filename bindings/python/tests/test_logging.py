@@ -144,3 +144,20 @@ def test_a_failing_filter_never_reaches_the_library(client, r, collect):
     assert len(calls) >= 2
     first.release()
     second.release()
+
+
+def test_releases_racing_their_own_renewals_log_no_warning(client, collect):
+    """Each hold ends as its renewal (due at a third of the ttl) is queued: the release
+    takes the renewal back unsent, which is no failure and no reason for a WARNING."""
+    redlease.set_log_level(logging.WARNING)
+    others = [client.acquire(f"log:beside-{i}", ttl=0.6, wait=0) for i in range(3)]
+    try:
+        for _ in range(30):
+            lk = client.acquire("log:racing", ttl=0.6, wait=0)
+            time.sleep(0.2)
+            assert lk.release() is True
+    finally:
+        for other in others:
+            other.release()
+    time.sleep(0.1)
+    assert not collect.records, [r.getMessage() for r in collect.records]
