@@ -240,6 +240,8 @@ impl World {
         match action {
             Action::Done(result) => return self.acquire_done(client, task, acq, result),
             Action::Attempt(plan) => {
+                // A grant given back before is no part of what this attempt may be granted.
+                acq.granted_at = None;
                 if plan.block.is_some() && self.clients[client].blocking >= self.cfg.blocking_lane {
                     return self.step(client, task, acq, Event::NoBlockingConnection);
                 }
@@ -613,8 +615,10 @@ impl World {
             let event = match answer {
                 Ok((values, sent_at)) => {
                     let read = calls::read_attempt(values, blocked, acq.replicas, sent_at);
+                    // When the server last saw the lock held for this acquisition (a
+                    // re-entry joins a hold its owner took earlier).
                     if let Ok(Answer {
-                        reply: AttemptReply::Granted { .. },
+                        reply: AttemptReply::Granted { .. } | AttemptReply::Reentered { .. },
                         ..
                     }) = &read
                     {
