@@ -856,24 +856,8 @@ impl World {
             *self.op(client, task) = Op::Extending(holding, GateStage::Waiting, started);
             return self.extend_refused(client, task, reason);
         }
-        let cutoff = Some(lease.clock.deadline());
-        let (kind, keys, token) = (lease.kind.clone(), lease.keys.clone(), lease.token.clone());
-        let replicas = lease.replicas;
-        let h = Hold {
-            kind: &kind,
-            keys: &keys,
-            token: &token,
-        };
-        let commands = calls::extend(h, ttl, replicas).iter().map(args).collect();
-        let request = self.request(
-            client,
-            Purpose::Task(task),
-            RoundFor::Extend,
-            commands,
-            ttl,
-            cutoff,
-            Some(wait_time(replicas)),
-        );
+        let cutoff = lease.clock.deadline();
+        let request = self.send_extend(client, Purpose::Task(task), holding.lease, ttl, cutoff);
         let stage = GateStage::Extend {
             request,
             attempt_at: now,
@@ -1132,26 +1116,40 @@ impl World {
                     self.at(at, WorldEvent::Renew { client, lease });
                     return;
                 }
-                let (kind, keys, token) = (l.kind.clone(), l.keys.clone(), l.token.clone());
-                let replicas = l.replicas;
-                let h = Hold {
-                    kind: &kind,
-                    keys: &keys,
-                    token: &token,
-                };
-                let commands = calls::extend(h, ttl, replicas).iter().map(args).collect();
-                let request = self.request(
-                    client,
-                    Purpose::Renewal(lease),
-                    RoundFor::Extend,
-                    commands,
-                    ttl,
-                    Some(cutoff),
-                    Some(wait_time(replicas)),
-                );
+                let request = self.send_extend(client, Purpose::Renewal(lease), lease, ttl, cutoff);
                 self.clients[client].leases[lease].renewal = Some((request, now, ttl));
             }
         }
+    }
+
+    /// Sends the extend of `lease` to `ttl` (for a caller's extend or a renewal), cut off
+    /// at `cutoff`.
+    fn send_extend(
+        &mut self,
+        client: usize,
+        purpose: Purpose,
+        lease: LeaseId,
+        ttl: Duration,
+        cutoff: Instant,
+    ) -> Request {
+        let l = &self.clients[client].leases[lease];
+        let (kind, keys, token) = (l.kind.clone(), l.keys.clone(), l.token.clone());
+        let replicas = l.replicas;
+        let h = Hold {
+            kind: &kind,
+            keys: &keys,
+            token: &token,
+        };
+        let commands = calls::extend(h, ttl, replicas).iter().map(args).collect();
+        self.request(
+            client,
+            purpose,
+            RoundFor::Extend,
+            commands,
+            ttl,
+            Some(cutoff),
+            Some(wait_time(replicas)),
+        )
     }
 
     /// Takes `lease`'s renewal back from the batch queue if it is still there (unsent):
