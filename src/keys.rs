@@ -25,7 +25,7 @@
 //! another (a lock named like a fencing counter would otherwise make that lock's acquires
 //! fail after their `SET` had taken the key).
 //!
-//! The wake-up state (`wakeup`, `queue`, `grant`) has names of its own, distinct from those
+//! The wake-up state (`wakeup`, `queue`, `grant`, `waiting`) has names of its own, distinct from those
 //! of redlease 0.1 (`wake`, `waiters`): clients of both versions stay mutually exclusive on
 //! the same lock names (they share the lock key and the fencing counter) but never share
 //! wake-up state, so neither can be confused by the other's handoffs.
@@ -56,6 +56,9 @@ pub(crate) struct LockKeys {
     pub queue: String,
     /// The handoff token of a grant not yet taken.
     pub grant: String,
+    /// A string that lives at least as long as any registration in `queue`: a release
+    /// reads it with the lock key (`MGET`) and looks for waiters only when it is there.
+    pub waiting: String,
     /// Read-write locks: the readers waiting.
     pub readers: String,
     /// Read-write locks: the wake-up list of readers (writers use `wake`).
@@ -100,6 +103,7 @@ impl LockKeys {
             wake: format!("{RESERVED_PREFIX}wakeup:{tail}"),
             queue: format!("{RESERVED_PREFIX}queue:{tail}"),
             grant: format!("{RESERVED_PREFIX}grant:{tail}"),
+            waiting: format!("{RESERVED_PREFIX}waiting:{tail}"),
             readers: format!("{RESERVED_PREFIX}readers:{tail}"),
             reader_wake: format!("{RESERVED_PREFIX}rwakeup:{tail}"),
             holds: format!("{RESERVED_PREFIX}holds:{tail}"),
@@ -222,6 +226,7 @@ mod tests {
             assert_eq!(key_slot(keys.wake.as_bytes()), slot, "{name}");
             assert_eq!(key_slot(keys.queue.as_bytes()), slot, "{name}");
             assert_eq!(key_slot(keys.grant.as_bytes()), slot, "{name}");
+            assert_eq!(key_slot(keys.waiting.as_bytes()), slot, "{name}");
             assert_eq!(key_slot(keys.holds.as_bytes()), slot, "{name}");
         }
     }
@@ -269,6 +274,7 @@ mod tests {
                 &keys.wake,
                 &keys.queue,
                 &keys.grant,
+                &keys.waiting,
                 &keys.readers,
                 &keys.reader_wake,
                 &keys.holds,
@@ -306,6 +312,7 @@ mod tests {
             &a.wake,
             &a.queue,
             &a.grant,
+            &a.waiting,
             &a.readers,
             &a.reader_wake,
             &a.holds,

@@ -41,7 +41,8 @@ pub(crate) enum Kind {
 
 impl Kind {
     /// An attempt to take a hold under `token` for `ttl_ms`, in `mode`; a waiter's
-    /// registration lives `grace_ms` unrefreshed.
+    /// registration lives `grace_ms` unrefreshed; `clock_us` is the client's estimate of
+    /// the server's clock (0: unknown; see [`crate::core::server_time`]).
     pub fn attempt(
         &self,
         keys: &LockKeys,
@@ -49,6 +50,7 @@ impl Kind {
         ttl_ms: u64,
         mode: Mode,
         grace_ms: u64,
+        clock_us: u64,
     ) -> Call {
         let mode = mode.arg();
         match self {
@@ -60,8 +62,9 @@ impl Kind {
                     &keys.wake,
                     &keys.queue,
                     &keys.grant,
+                    &keys.waiting,
                 ],
-                &[&token, &ttl_ms, &scripts::FENCE_TTL_MS, &mode, &grace_ms],
+                &[&token, &ttl_ms, &clock_us, &mode, &grace_ms],
             ),
             Kind::Reentrant(owner) => Call::script(
                 &scripts::ACQUIRE,
@@ -71,12 +74,13 @@ impl Kind {
                     &keys.wake,
                     &keys.queue,
                     &keys.grant,
+                    &keys.waiting,
                     &keys.holds,
                 ],
                 &[
                     &token,
                     &ttl_ms,
-                    &scripts::FENCE_TTL_MS,
+                    &clock_us,
                     &mode,
                     &grace_ms,
                     &owner.as_ref(),
@@ -88,7 +92,7 @@ impl Kind {
                 &[
                     &token,
                     &ttl_ms,
-                    &scripts::FENCE_TTL_MS,
+                    &clock_us,
                     &mode,
                     &grace_ms,
                     &u64::from(*permits),
@@ -104,14 +108,7 @@ impl Kind {
                     &keys.readers,
                     &keys.reader_wake,
                 ],
-                &[
-                    &token,
-                    &ttl_ms,
-                    &scripts::FENCE_TTL_MS,
-                    &mode,
-                    &grace_ms,
-                    &self.side(),
-                ],
+                &[&token, &ttl_ms, &clock_us, &mode, &grace_ms, &self.side()],
             ),
         }
     }
@@ -153,7 +150,13 @@ impl Kind {
         match self {
             Kind::Mutex => Call::script(
                 &scripts::RELEASE,
-                &[&keys.lock, &keys.wake, &keys.queue, &keys.grant],
+                &[
+                    &keys.lock,
+                    &keys.wake,
+                    &keys.queue,
+                    &keys.grant,
+                    &keys.waiting,
+                ],
                 &[&token, &handoff, &min_claim_ms, &grace_ms, &withdraw],
             ),
             Kind::Reentrant(owner) => Call::script(
@@ -163,6 +166,7 @@ impl Kind {
                     &keys.wake,
                     &keys.queue,
                     &keys.grant,
+                    &keys.waiting,
                     &keys.holds,
                 ],
                 &[

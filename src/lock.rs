@@ -10,7 +10,7 @@ use crate::backend::call::Replicas;
 use crate::cancel::{CancelToken, InterruptHook, Watch};
 use crate::core::acquire::Acquired;
 use crate::core::backoff::Wait;
-use crate::core::lease::{LeaseClock, LostReason, ttl_millis};
+use crate::core::lease::{self as lease_clock, LeaseClock, LostReason, NotReleased, ttl_millis};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
@@ -455,21 +455,23 @@ impl LockGuard {
             // Closed even without renewal: no extend may run after the release either.
             self.lease().close_gate();
         }
-        // Decided before the release is sent: a lease that ends while it is in flight was
-        // still held when Redis ran it (or the key no longer holds the token).
-        let broken = self.lease().broken();
+        // Decided before the release is sent, and again when its answer comes.
+        let when_sent = self.lease().broken();
         if self.lease().gate_closed() {
             self.lease().mark_released();
         }
         let released = self.lease().release_on_server(&self.hold)?;
-        match broken {
-            _ if !released => Err(self.not_held(
+        match lease_clock::release_verdict(released, when_sent, self.lease().broken()) {
+            Ok(()) => Ok(()),
+            Err(NotReleased::NotFound) => Err(self.not_held(
                 "no longer held this token (the lease had ended or another owner took it)",
             )),
-            Some(why) => {
+            Err(NotReleased::Before(why)) => {
                 Err(self.not_held(&format!("{why} before the release (its key was deleted)")))
             }
-            None => Ok(()),
+            Err(NotReleased::InFlight(why)) => Err(self.not_held(&format!(
+                "{why} before the release was confirmed (it may have run after the key expired)"
+            ))),
         }
     }
 

@@ -42,44 +42,64 @@ impl Lua {
     }
 }
 
-/// `next_fence(key, expiry_ms)`: the next fencing token of a lock: the larger of the last
-/// one plus one and the server's clock in microseconds (a hybrid logical clock). So tokens
-/// strictly increase on one server, and also across a loss of the counter (a restart
-/// without persistence, an expiry) or a failover to a replica that missed its last writes,
-/// as long as the new server's clock is not behind the old one's by more than the time
-/// between the last token issued before and the first after (seconds, for a failover).
-/// The counter's expiry is refreshed with each token.
-const NEXT_FENCE: &str = r"
-local function next_fence(key, expiry_ms)
-  local now = redis.call('TIME')
-  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local fence = math.max(tonumber(redis.call('GET', key) or '0') + 1, clock)
-  redis.call('SET', key, string.format('%.0f', fence), 'PX', expiry_ms)
-  return fence
+/// `next_fence(key, clock)`: the next fencing token of a lock: the larger of the last one
+/// plus one and `clock`, the server's clock in microseconds (a hybrid logical clock). So
+/// tokens strictly increase on one server, and also across a loss of the counter (a
+/// restart without persistence, an expiry) or a failover to a replica that missed its last
+/// writes, as long as the new server's clock is not behind the old one's by more than the
+/// time between the last token issued before and the first after (seconds, for a
+/// failover). One write in the common case: the clock goes in and the last token comes
+/// back in the same `SET ... GET` (Redis 6.2); a second `SET` only when the clock had not
+/// passed the last token. The counter's expiry is refreshed with each token.
+fn next_fence() -> String {
+    format!(
+        r"
+local function next_fence(key, clock)
+  local last = redis.call('SET', key, string.format('%.0f', clock), 'PX', {FENCE_TTL_MS}, 'GET')
+  if last then
+    local after = tonumber(last) + 1
+    if after > clock then
+      redis.call('SET', key, string.format('%.0f', after), 'PX', {FENCE_TTL_MS})
+      return after
+    end
+  end
+  return clock
 end
-";
+"
+    )
+}
 
-/// `now_ms()`: the server's clock in milliseconds, for registrations' expiry.
-const NOW_MS: &str = r"
-local function now_ms()
+/// `now_us()` and `now_ms()`: the server's clock in microseconds and in milliseconds
+/// (`TIME`).
+const NOW: &str = r"
+local function now_us()
   local now = redis.call('TIME')
-  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  return tonumber(now[1]) * 1000000 + tonumber(now[2])
+end
+local function now_ms()
+  return math.floor(now_us() / 1000)
 end
 ";
 
 /// Acquire: `SET lock token NX PX ttl`, and on success the next fencing token.
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue, KEYS[5]
-///   grant, and for a reentrant lock KEYS[6] its holds (see [`crate::kinds::Kind`])
-/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fencing counter expiry ms, ARGV[4] mode
-///   ([`crate::core::reply::Mode`]), ARGV[5] the waiter's grace ms: how long its registration lives
-///   unrefreshed, and the longest lease a taken grant gets; for a reentrant lock ARGV[6]
-///   the owner
+///   grant, KEYS[6] waiting flag, and for a reentrant lock KEYS[7] its holds (see
+///   [`crate::kinds::Kind`])
+/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] the client's estimate of the server's clock in
+///   microseconds for the fencing token (0: unknown, the script reads `TIME`; see
+///   [`crate::core::server_time`]), ARGV[4] mode ([`crate::core::reply::Mode`]), ARGV[5]
+///   the waiter's grace ms: how long its registration lives unrefreshed, and the longest
+///   lease a taken grant gets; for a reentrant lock ARGV[6] the owner
 /// - Returns `{1, fencing_token, lease_ms}` when acquired (`lease_ms` is the ttl the key
-///   was set to), `{0, pttl_ms}` when another owner holds it (`pttl_ms` is -1 for a key
+///   was set to; a fourth element, the server's clock in microseconds, when the script
+///   read it), `{0, pttl_ms}` when another owner holds it (`pttl_ms` is -1 for a key
 ///   without expiry), and for a reentrant lock its owner already holds `{2,
 ///   fencing_token, lease_ms, token}`: one more hold of that acquisition (its token and
 ///   fencing token), whose lease is now at least the ttl.
+///
+/// A registration also sets the waiting flag, to expire with the queue: a release looks
+/// at the queue only when the flag is there.
 ///
 /// A taken grant is leased for the shorter of the ttl and the grace, not for the ttl: if
 /// the waiter died right after its pipelined attempt ran, nobody would hear of the grant,
@@ -93,7 +113,8 @@ end
 /// takes a grant: it would jump the queue.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NEXT_FENCE}{NOW_MS}{}",
+        "{}{NOW}{}",
+        next_fence(),
         r"
 local token = ARGV[1]
 local mode = tonumber(ARGV[4])
@@ -101,12 +122,12 @@ local owner = ARGV[6]
 if owner then
   -- Reentrant: the owner of the current hold takes it once more.
   local holder = redis.call('GET', KEYS[1])
-  local h = holder and redis.call('HMGET', KEYS[6], 't', 'o', 'f')
+  local h = holder and redis.call('HMGET', KEYS[7], 't', 'o', 'f')
   if h and h[1] == holder and h[2] == owner then
-    redis.call('HSET', KEYS[6], 'h:' .. token, 1)
+    redis.call('HSET', KEYS[7], 'h:' .. token, 1)
     local lease = math.max(redis.call('PTTL', KEYS[1]), tonumber(ARGV[2]))
     redis.call('PEXPIRE', KEYS[1], lease)
-    redis.call('PEXPIRE', KEYS[6], lease)
+    redis.call('PEXPIRE', KEYS[7], lease)
     if mode ~= 0 then
       redis.call('ZREM', KEYS[4], token)
     end
@@ -117,11 +138,19 @@ local function granted(lease)
   if mode ~= 0 then
     redis.call('ZREM', KEYS[4], token)
   end
-  local fence = next_fence(KEYS[2], ARGV[3])
+  local clock = tonumber(ARGV[3]) or 0
+  local measured = clock <= 0
+  if measured then
+    clock = now_us()
+  end
+  local fence = next_fence(KEYS[2], clock)
   if owner then
-    redis.call('DEL', KEYS[6])
-    redis.call('HSET', KEYS[6], 't', token, 'o', owner, 'f', string.format('%.0f', fence), 'h:' .. token, 1)
-    redis.call('PEXPIRE', KEYS[6], lease)
+    redis.call('DEL', KEYS[7])
+    redis.call('HSET', KEYS[7], 't', token, 'o', owner, 'f', string.format('%.0f', fence), 'h:' .. token, 1)
+    redis.call('PEXPIRE', KEYS[7], lease)
+  end
+  if measured then
+    return {1, fence, lease, clock}
   end
   return {1, fence, lease}
 end
@@ -162,6 +191,7 @@ local lives = tonumber(ARGV[5])
 redis.call('ZADD', KEYS[4], now_ms() + lives, token)
 if redis.call('PTTL', KEYS[4]) < lives then
   redis.call('PEXPIRE', KEYS[4], lives)
+  redis.call('SET', KEYS[6], '1', 'PX', lives)
 end
 return {0, pttl}
 "
@@ -174,8 +204,8 @@ return {0, pttl}
 /// with its own token and ARGV[5] = 1 (withdraw): that also removes its registration and
 /// undoes a grant it may have taken without hearing of it.
 ///
-/// - KEYS[1] lock, KEYS[2] wake list, KEYS[3] queue, KEYS[4] grant, and for a reentrant
-///   lock KEYS[5] its holds
+/// - KEYS[1] lock, KEYS[2] wake list, KEYS[3] queue, KEYS[4] grant, KEYS[5] waiting flag,
+///   and for a reentrant lock KEYS[6] its holds
 /// - ARGV[1] token, ARGV[2] fresh handoff token, ARGV[3] shortest claim lease ms, ARGV[4]
 ///   longest claim lease ms (the releaser's grace), ARGV[5] 1 to withdraw a waiter; for a
 ///   reentrant lock ARGV[6] the owner. Between the two leases, a grant lives as long as the
@@ -192,25 +222,26 @@ return {0, pttl}
 /// and the waiters find the lock free at their next attempt.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW_MS}{}",
+        "{NOW}{}",
         r"
-local holder = redis.call('GET', KEYS[1])
+local got = redis.call('MGET', KEYS[1], KEYS[5])
+local holder, waiting = got[1], got[2]
 local held = holder == ARGV[1]
 if ARGV[5] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[1])
 end
 if ARGV[6] and holder then
   -- Reentrant: ARGV[1] is one hold of the owner's; the lock goes with the last hold.
-  local h = redis.call('HMGET', KEYS[5], 't', 'o')
+  local h = redis.call('HMGET', KEYS[6], 't', 'o')
   if h[1] == holder then
     if h[2] ~= ARGV[6] then
       return 0
     end
-    if redis.call('HDEL', KEYS[5], 'h:' .. ARGV[1]) == 0 then
+    if redis.call('HDEL', KEYS[6], 'h:' .. ARGV[1]) == 0 then
       -- That hold was given back already: nothing of the lock goes with it.
       return 0
     end
-    if redis.call('HLEN', KEYS[5]) > 3 then
+    if redis.call('HLEN', KEYS[6]) > 3 then
       return 3
     end
     held = true
@@ -220,14 +251,19 @@ if not held then
   return 0
 end
 if ARGV[6] then
-  redis.call('DEL', KEYS[5])
+  redis.call('DEL', KEYS[6])
+end
+if not waiting then
+  -- Nobody registered since the flag last lapsed: no queue to look at.
+  redis.call('DEL', KEYS[1])
+  return 1
 end
 -- The registration that lapses last: if it has lapsed, so have all the others.
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
 local now = last[2] and now_ms()
-if last[2] and tonumber(last[2]) <= now then
-  redis.call('DEL', KEYS[3])
-elseif last[2] then
+if not last[2] or tonumber(last[2]) <= now then
+  redis.call('DEL', KEYS[3], KEYS[5])
+else
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   local claim = math.min(math.max(tonumber(last[2]) - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
   local set = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', claim)
@@ -313,19 +349,23 @@ end
 /// permit frees itself after its ttl whatever the clients' clocks say).
 ///
 /// - KEYS[1] semaphore, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue
-/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fencing counter expiry ms, ARGV[4] mode
-///   ([`crate::core::reply::Mode`]), ARGV[5] the waiter's grace ms, ARGV[6] permits
-/// - Returns `{1, fencing_token, ttl_ms}` when a permit is taken, `{0, ms}` when all are
-///   held (`ms`: until the first of them expires).
+/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] (unused: permits expire by the server's
+///   clock, which the script reads anyway), ARGV[4] mode ([`crate::core::reply::Mode`]),
+///   ARGV[5] the waiter's grace ms, ARGV[6] permits
+/// - Returns `{1, fencing_token, ttl_ms, clock_us}` when a permit is taken (`clock_us`:
+///   the server's clock), `{0, ms}` when all are held (`ms`: until the first of them
+///   expires).
 ///
 /// A woken waiter is not handed a permit: it tries again (no grant across permits), so a
 /// newcomer may take the permit first.
 pub(crate) static ACQUIRE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NEXT_FENCE}{NOW_MS}{WAITERS}{}",
+        "{}{NOW}{WAITERS}{}",
+        next_fence(),
         r"
 local token, ttl, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
-local now = now_ms()
+local clock = now_us()
+local now = math.floor(clock / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local taken = redis.call('ZSCORE', KEYS[1], token)
 if taken or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[6]) then
@@ -336,7 +376,7 @@ if taken or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[6]) then
   if mode ~= 0 then
     redis.call('ZREM', KEYS[4], token)
   end
-  return {1, next_fence(KEYS[2], ARGV[3]), ttl}
+  return {1, next_fence(KEYS[2], clock), ttl, clock}
 end
 register(KEYS[4], token, mode, tonumber(ARGV[5]))
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -351,7 +391,7 @@ return {0, math.max(tonumber(first[2]) - now, 0)}
 /// - Returns 1 when extended, 0 when the permit was gone.
 pub(crate) static EXTEND_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW_MS}{}",
+        "{NOW}{}",
         r"
 local now = now_ms()
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -376,7 +416,7 @@ return 1
 /// - Returns 1 when the permit was held (and is given back), 0 when it was not.
 pub(crate) static RELEASE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW_MS}{WAITERS}{}",
+        "{NOW}{WAITERS}{}",
         r"
 if ARGV[3] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[1])
@@ -403,15 +443,18 @@ return 1
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] (unused: the wake list, declared for
 ///   symmetry), KEYS[4] writers' queue, KEYS[5] readers' queue, KEYS[6] readers' wake list
 ///   (a writer that gives up wakes the readers it kept out)
-/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] fencing counter expiry ms, ARGV[4] mode,
+/// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] (unused, as for a semaphore), ARGV[4] mode,
 ///   ARGV[5] the waiter's grace ms, ARGV[6] `w` or `r`
-/// - Returns `{1, fencing_token, ttl_ms}` or `{0, ms}` (until the first holder expires).
+/// - Returns `{1, fencing_token, ttl_ms, clock_us}` or `{0, ms}` (until the first holder
+///   expires).
 pub(crate) static ACQUIRE_RW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NEXT_FENCE}{NOW_MS}{WAITERS}{}",
+        "{}{NOW}{WAITERS}{}",
+        next_fence(),
         r"
 local token, ttl, mode, side = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4]), ARGV[6]
-local now = now_ms()
+local clock = now_us()
+local now = math.floor(clock / 1000)
 -- Prune holders whose lease ended; note the first expiry left.
 local first = nil
 local fields = redis.call('HGETALL', KEYS[1])
@@ -436,7 +479,7 @@ local function granted(field, value)
   if mode ~= 0 then
     redis.call('ZREM', side == 'w' and KEYS[4] or KEYS[5], token)
   end
-  return {1, next_fence(KEYS[2], ARGV[3]), ttl}
+  return {1, next_fence(KEYS[2], clock), ttl, clock}
 end
 if side == 'w' then
   if writer == token or redis.call('HLEN', KEYS[1]) == 0 then
@@ -465,7 +508,7 @@ return {0, first and math.max(first - now, 0) or -1}
 /// - Returns 1 when extended, 0 when the hold was gone.
 pub(crate) static EXTEND_RW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW_MS}{}",
+        "{NOW}{}",
         r"
 local now, ttl = now_ms(), tonumber(ARGV[2])
 local field = ARGV[3] == 'w' and 'w' or 'r:' .. ARGV[1]
@@ -500,7 +543,7 @@ return 1
 /// - Returns 1 when the hold was there (and is given back), 0 when it was not.
 pub(crate) static RELEASE_RW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW_MS}{WAITERS}{}",
+        "{NOW}{WAITERS}{}",
         r"
 if ARGV[3] == '1' then
   local was_waiting_writer = redis.call('ZREM', KEYS[3], ARGV[1]) == 1

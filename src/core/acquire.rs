@@ -433,6 +433,7 @@ impl AcquireMachine {
             AttemptReply::Granted {
                 fencing_token,
                 lease,
+                ..
             } => self.settle(
                 Granted {
                     fencing_token,
@@ -778,6 +779,7 @@ mod tests {
         AttemptReply::Granted {
             fencing_token: 9,
             lease,
+            server_clock: None,
         }
     }
 

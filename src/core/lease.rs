@@ -126,6 +126,38 @@ impl fmt::Display for Broken {
     }
 }
 
+/// Why a release is not reported `Ok` (see [`release_verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotReleased {
+    /// The server did not find the hold under its token.
+    NotFound,
+    /// The lease was broken before the release was sent (the key was deleted all the
+    /// same if it still held the token).
+    Before(Broken),
+    /// The lease ended while the release was in flight: the release may have run after
+    /// the key expired.
+    InFlight(Broken),
+}
+
+/// What a release reports: `Ok` only when the server found the hold (`was_held`) and the
+/// lease was unbroken both when the release was sent (`when_sent`) and when its answer
+/// came (`when_answered`). An answer that comes after the lease's deadline cannot vouch for
+/// the hold: the release may have run after the key expired, and a late attempt of the
+/// same acquisition (under the same token) may have taken the key again in between, which
+/// the release then found.
+pub(crate) fn release_verdict(
+    was_held: bool,
+    when_sent: Option<Broken>,
+    when_answered: Option<Broken>,
+) -> Result<(), NotReleased> {
+    match (was_held, when_sent, when_answered) {
+        (false, _, _) => Err(NotReleased::NotFound),
+        (true, Some(broken), _) => Err(NotReleased::Before(broken)),
+        (true, None, Some(broken)) => Err(NotReleased::InFlight(broken)),
+        (true, None, None) => Ok(()),
+    }
+}
+
 /// What a renewal of the lease should do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RenewalStep {
@@ -422,6 +454,25 @@ impl LeaseClock {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_release_is_ok_only_for_a_hold_unbroken_until_its_answer() {
+        let lost = Broken::Lost(LostReason::NotHeld);
+        assert_eq!(release_verdict(true, None, None), Ok(()));
+        assert_eq!(
+            release_verdict(false, None, None),
+            Err(NotReleased::NotFound)
+        );
+        assert_eq!(
+            release_verdict(true, Some(lost), Some(lost)),
+            Err(NotReleased::Before(lost))
+        );
+        assert_eq!(
+            release_verdict(true, None, Some(Broken::Outlived)),
+            Err(NotReleased::InFlight(Broken::Outlived))
+        );
+    }
+
     use super::*;
 
     const S: Duration = Duration::from_secs(1);

@@ -15,6 +15,7 @@
 //! - [`quorum`]: Redlock's verdicts on a round of answers.
 //! - [`backoff`]: the caller's wait, the waiter's grace, backoff with jitter.
 //! - [`reply`]: the scripts' modes and the meaning of their replies, as types.
+//! - [`server_time`]: the client's estimate of the server's clock, for fencing tokens.
 //!
 //! Invariants the machines keep, on top of the protocol's (see `DESIGN.md` §1 and §9):
 //!
@@ -29,3 +30,4 @@ pub(crate) mod backoff;
 pub(crate) mod lease;
 pub(crate) mod quorum;
 pub(crate) mod reply;
+pub(crate) mod server_time;

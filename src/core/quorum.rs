@@ -178,6 +178,7 @@ mod tests {
         Ok(AttemptReply::Granted {
             fencing_token: 1,
             lease: Duration::from_secs(1),
+            server_clock: None,
         })
     }
 

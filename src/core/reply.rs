@@ -46,8 +46,13 @@ impl Mode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AttemptReply {
     /// Taken: the key was set to the attempt's token for `lease` (the ttl, or less for a
-    /// grant taken from a release), with this fencing token.
-    Granted { fencing_token: u64, lease: Duration },
+    /// grant taken from a release), with this fencing token; `server_clock`: the server's
+    /// clock in microseconds when the script read it (see [`super::server_time`]).
+    Granted {
+        fencing_token: u64,
+        lease: Duration,
+        server_clock: Option<u64>,
+    },
     /// A reentrant lock its owner already held: one more hold of the acquisition whose
     /// token is `lock_token`; the lease is now at least `lease`.
     Reentered {
@@ -119,8 +124,8 @@ fn int(value: &Value) -> Option<i64> {
     redis::from_redis_value::<i64>(value.clone()).ok()
 }
 
-/// Reads an acquire script's reply: `{1, fencing_token, lease_ms}`, `{2, fencing_token,
-/// lease_ms, token}` or `{0, pttl_ms}`.
+/// Reads an acquire script's reply: `{1, fencing_token, lease_ms[, clock_us]}`, `{2,
+/// fencing_token, lease_ms, token}` or `{0, pttl_ms}`.
 ///
 /// Errors: the server's error, or [`ErrorKind::Server`] for a reply of another shape.
 pub(crate) fn attempt(reply: Option<Value>) -> Result<AttemptReply> {
@@ -144,6 +149,12 @@ pub(crate) fn attempt(reply: Option<Value>) -> Result<AttemptReply> {
         [Some(1), Some(f), Some(ms)] => Ok(AttemptReply::Granted {
             fencing_token: fence(f)?,
             lease: lease(ms)?,
+            server_clock: None,
+        }),
+        [Some(1), Some(f), Some(ms), Some(clock)] => Ok(AttemptReply::Granted {
+            fencing_token: fence(f)?,
+            lease: lease(ms)?,
+            server_clock: u64::try_from(clock).ok(),
         }),
         [Some(2), Some(f), Some(ms), _] => {
             let lock_token = redis::from_redis_value::<String>(items[3].clone())
@@ -206,7 +217,22 @@ mod tests {
             attempt(array(vec![Value::Int(1), Value::Int(7), Value::Int(500)])).unwrap(),
             AttemptReply::Granted {
                 fencing_token: 7,
-                lease: Duration::from_millis(500)
+                lease: Duration::from_millis(500),
+                server_clock: None,
+            }
+        );
+        assert_eq!(
+            attempt(array(vec![
+                Value::Int(1),
+                Value::Int(7),
+                Value::Int(500),
+                Value::Int(1_700_000_000_000_000)
+            ]))
+            .unwrap(),
+            AttemptReply::Granted {
+                fencing_token: 7,
+                lease: Duration::from_millis(500),
+                server_clock: Some(1_700_000_000_000_000),
             }
         );
         assert_eq!(

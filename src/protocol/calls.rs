@@ -13,7 +13,8 @@ use crate::protocol::Hold;
 
 /// The calls of one attempt: a block on the wake list for `block` first (the attempt then
 /// runs the moment the block returns), the kind's acquire script, and `WAIT` when replicas
-/// must acknowledge.
+/// must acknowledge. `clock_us`: the client's estimate of the server's clock (see
+/// [`crate::core::server_time`]).
 pub(crate) fn attempt(
     hold: Hold<'_>,
     ttl: Duration,
@@ -21,6 +22,7 @@ pub(crate) fn attempt(
     grace: Duration,
     block: Option<Duration>,
     replicas: Option<Replicas>,
+    clock_us: u64,
 ) -> Vec<Call> {
     let Hold { kind, keys, .. } = hold;
     let mut calls = Vec::with_capacity(3);
@@ -31,20 +33,28 @@ pub(crate) fn attempt(
             .arg(format!("{:.3}", block.as_secs_f64()));
         calls.push(Call::blocking(&blpop, block));
     }
-    calls.push(attempt_script(hold, ttl, mode, grace));
+    calls.push(attempt_script(hold, ttl, mode, grace, clock_us));
     calls.extend(replicas.map(|r| r.call()));
     calls
 }
 
 /// The kind's acquire script alone, for `hold` taken for `ttl` in `mode` (a waiter's
-/// registration living `grace` unrefreshed).
-pub(crate) fn attempt_script(hold: Hold<'_>, ttl: Duration, mode: Mode, grace: Duration) -> Call {
+/// registration living `grace` unrefreshed), with the server's clock estimated as
+/// `clock_us`.
+pub(crate) fn attempt_script(
+    hold: Hold<'_>,
+    ttl: Duration,
+    mode: Mode,
+    grace: Duration,
+    clock_us: u64,
+) -> Call {
     hold.kind.attempt(
         hold.keys,
         hold.token,
         ttl.as_millis() as u64,
         mode,
         grace.as_millis() as u64,
+        clock_us,
     )
 }
 

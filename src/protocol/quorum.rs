@@ -144,7 +144,9 @@ impl LockServer for Quorum {
 
     fn attempt(&self, request: &AttemptRequest<'_>) -> Result<Option<Answer<AttemptReply>>> {
         let keys = request.hold.keys;
-        let call = calls::attempt_script(request.hold, request.ttl, Mode::Once, request.grace);
+        // Redlock hands out no fencing tokens: the members' counters only count, so no
+        // estimate of their clocks is needed (1 stands for "the counter alone").
+        let call = calls::attempt_script(request.hold, request.ttl, Mode::Once, request.grace, 1);
         let start = Instant::now();
         let answers = self.round(
             &keys.lock,
@@ -167,6 +169,7 @@ impl LockServer for Quorum {
                 reply: AttemptReply::Granted {
                     fencing_token: 0,
                     lease: request.ttl,
+                    server_clock: None,
                 },
                 // The validity counts from before the first write.
                 sent_at: start,

@@ -14,19 +14,27 @@ use crate::backend::wire::reply;
 use crate::core::acquire::Bounds;
 use crate::core::backoff;
 use crate::core::reply::{Answer, AttemptReply, ExtendReply, ReleaseReply};
+use crate::core::server_time::ServerTime;
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::protocol::{AttemptRequest, Capabilities, Hold, LockServer, Queued, calls};
+use crate::sync::{self, Mutex};
 use crate::token;
 
 /// A deployment whose locks each live on one server.
 pub(crate) struct Routed {
     backend: Backend,
+    /// The servers' clock as the last acquire that read it saw it (one estimate for the
+    /// deployment: its servers' clocks agree to within what NTP keeps them).
+    server_time: Mutex<ServerTime>,
 }
 
 impl Routed {
     pub fn new(backend: Backend) -> Self {
-        Routed { backend }
+        Routed {
+            backend,
+            server_time: Mutex::new(ServerTime::default()),
+        }
     }
 }
 
@@ -55,6 +63,7 @@ impl LockServer for Routed {
     }
 
     fn attempt(&self, request: &AttemptRequest<'_>) -> Result<Option<Answer<AttemptReply>>> {
+        let clock = sync::lock(&self.server_time).estimate(Instant::now());
         let calls = calls::attempt(
             request.hold,
             request.ttl,
@@ -62,18 +71,27 @@ impl LockServer for Routed {
             request.grace,
             request.block,
             request.replicas,
+            clock,
         );
         let key = &request.hold.keys.lock;
         let Some(replies) = self.backend.exec(key, &calls, &request.exec)? else {
             return Ok(None);
         };
-        calls::read_attempt(
+        let arrived = Instant::now();
+        let answer = calls::read_attempt(
             replies.values,
             request.block.is_some(),
             request.replicas,
             replies.sent_at,
-        )
-        .map(Some)
+        )?;
+        if let AttemptReply::Granted {
+            server_clock: Some(clock),
+            ..
+        } = answer.reply
+        {
+            sync::lock(&self.server_time).observed(clock, arrived);
+        }
+        Ok(Some(answer))
     }
 
     fn extend(

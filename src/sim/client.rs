@@ -8,6 +8,7 @@ use redis::Value;
 use crate::backend::call::Replicas;
 use crate::core::acquire::{AcquireMachine, AcquireSpec};
 use crate::core::lease::{Broken, LeaseClock};
+use crate::core::server_time::ServerTime;
 use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
@@ -36,6 +37,8 @@ pub(crate) struct Client {
     pub blocking: usize,
     /// Renewals pipelined together (the node's batcher).
     pub batch: Batch,
+    /// Its estimate of the servers' clock, for fencing tokens.
+    pub server_time: ServerTime,
 }
 
 /// A client's renewal batcher: renewals queued for the next batch, and the batches in
@@ -282,6 +285,7 @@ impl Client {
             next_token: 0,
             blocking: 0,
             batch: Batch::default(),
+            server_time: ServerTime::default(),
         }
     }
 

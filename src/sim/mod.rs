@@ -40,8 +40,11 @@ const FIXED_SEEDS: u64 = 200;
 /// release's bound was held against a call its process paused through; 200476 (checker), a
 /// Redlock grant counted from its reply, not its writes, so a member's restart between the
 /// two was not seen as the documented data loss; 207213 (checker), a hold re-entered
-/// after an earlier grant of its acquisition was given back kept that grant's time.
-const FOUND: &[u64] = &[124, 1045, 100685, 200476, 207213];
+/// after an earlier grant of its acquisition was given back kept that grant's time;
+/// 363624, a release answered after its lease ended was reported `Ok`, but a late attempt
+/// of the same acquisition had taken the expired key again under the same token, and the
+/// release had found that.
+const FOUND: &[u64] = &[124, 1045, 100685, 200476, 207213, 363624];
 
 /// Virtual time a run may take before it counts as stuck.
 const RUN_LIMIT: config::Micros = 600_000_000;

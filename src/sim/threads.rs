@@ -22,7 +22,10 @@ use redis::Value;
 use crate::backend::call::Replicas;
 use crate::core::acquire::{AcquireMachine, AcquireSpec, Acquired, Action, Bounds, Event};
 use crate::core::backoff::{self, Wait};
-use crate::core::lease::{ExtendOutcome, ExtendVerdict, LeaseClock, LostReason, RenewalStep};
+use crate::core::lease::{
+    self as lease_clock, ExtendOutcome, ExtendVerdict, LeaseClock, LostReason, NotReleased,
+    RenewalStep,
+};
 use crate::core::quorum::{self, AcquireVerdict};
 use crate::core::reply::{Answer, AttemptReply, ExtendReply, Mode, ReleaseReply};
 use crate::error::{Error, ErrorKind, Result};
@@ -253,7 +256,7 @@ impl World {
                 };
                 let blocked = plan.block.is_some();
                 let request = if self.redlock() {
-                    let call = calls::attempt_script(h, acq.spec.ttl, Mode::Once, self.grace());
+                    let call = calls::attempt_script(h, acq.spec.ttl, Mode::Once, self.grace(), 1);
                     Request::Round(self.round(
                         client,
                         Purpose::Task(task),
@@ -263,6 +266,9 @@ impl World {
                         plan.cutoff,
                     ))
                 } else {
+                    let clock = self.clients[client]
+                        .server_time
+                        .estimate(self.local(client));
                     let calls = calls::attempt(
                         h,
                         acq.spec.ttl,
@@ -270,6 +276,7 @@ impl World {
                         self.grace(),
                         plan.block,
                         acq.replicas,
+                        clock,
                     );
                     let waits = plan.block.unwrap_or_default() + wait_time(acq.replicas);
                     let deadline = self.reply_deadline(client, Some(waits), plan.cutoff);
@@ -624,6 +631,18 @@ impl World {
                     {
                         acq.granted_at = ran_at;
                     }
+                    if let Ok(Answer {
+                        reply:
+                            AttemptReply::Granted {
+                                server_clock: Some(clock),
+                                ..
+                            },
+                        ..
+                    }) = &read
+                    {
+                        let now = self.local(client);
+                        self.clients[client].server_time.observed(*clock, now);
+                    }
                     Event::Attempted(read)
                 }
                 Err(e) => Event::Attempted(Err(e)),
@@ -667,6 +686,7 @@ impl World {
                     reply: AttemptReply::Granted {
                         fencing_token: 0,
                         lease: round.ttl,
+                        server_clock: None,
                     },
                     sent_at: round.started,
                     unacknowledged: None,
@@ -1012,16 +1032,19 @@ impl World {
         (sent, pauses): (Instant, u64),
         ran_at: Option<Micros>,
     ) {
-        let ok = matches!((&reply, broken), (Ok(r), None) if r.was_held());
-        self.trace.line(self.now, || {
-            format!(
-                "c{client}/t{task} released {}: {reply:?}, broken {broken:?} -> {}",
-                short(&holding.hold),
-                if ok { "Ok" } else { "not Ok" }
-            )
-        });
         let now = self.local(client);
         let l = &self.clients[client].leases[holding.lease];
+        let verdict = match &reply {
+            Ok(r) => lease_clock::release_verdict(r.was_held(), broken, l.clock.broken(now)),
+            Err(_) => Err(NotReleased::NotFound),
+        };
+        let ok = verdict.is_ok();
+        self.trace.line(self.now, || {
+            format!(
+                "c{client}/t{task} released {}: {reply:?}, broken {broken:?} -> {verdict:?}",
+                short(&holding.hold),
+            )
+        });
         let (name, kind, token, granted_at) =
             (l.name, l.kind.clone(), l.token.clone(), l.granted_at);
         let exempt = self.redlock() || self.data_lost_at.iter().any(|t| *t >= granted_at);

@@ -90,6 +90,29 @@ fn fencing_tokens_strictly_increase_per_name() {
     }
 }
 
+/// An uncontended acquire and release cost six server commands together: the two scripts,
+/// `SET NX` and the fencing counter's `SET ... GET` in one, `MGET` (the key and the
+/// waiting flag) and `DEL` in the other. Nobody waiting, nothing about waiters is read;
+/// the client's estimate of the server's clock spares the `TIME`.
+#[test]
+fn an_uncontended_cycle_costs_six_server_commands() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let cycle = || {
+        let guard = client.lock("cheap").try_acquire().unwrap();
+        guard.release().unwrap();
+    };
+    // Warm: a pooled connection, the scripts cached, the server's clock read once.
+    cycle();
+    server.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..20 {
+        cycle();
+    }
+    let run = server.commands_run();
+    let stats: String = server.cmd(&["INFO", "commandstats"]);
+    assert_eq!(run, 20 * 6, "{stats}");
+}
+
 #[test]
 fn eight_threads_keep_a_non_atomic_counter_exact() {
     const THREADS: usize = 8;

@@ -69,8 +69,8 @@ fn companion_keys_hash_to_the_lock_key_slot_on_a_real_cluster() {
             .unwrap();
         assert_eq!(
             keys.len(),
-            5,
-            "lock, fence, wakeup, queue, grant for {name:?}: {keys:?}"
+            6,
+            "lock, fence, wakeup, queue, grant, waiting for {name:?}: {keys:?}"
         );
         let lock_slot: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
@@ -178,6 +178,7 @@ fn grants_of_two_locks_never_overwrite_each_other() {
     // between two attempts); its score is far in the future.
     let far = (u64::MAX >> 12).to_string();
     server.cmd::<()>(&["ZADD", "redlease:queue:{x}", &far, "someone"]);
+    server.cmd::<()>(&["SET", "redlease:waiting:{x}", "1", "PX", "60000"]);
     a.release().unwrap();
     let x_holds: String = server.cmd(&["GET", "x"]);
     assert!(x_holds.ends_with(":handoff"), "{x_holds}");

@@ -92,6 +92,38 @@ fn a_release_whose_reply_is_lost_is_not_reported_as_not_held() {
     }
 }
 
+/// A release whose answer comes after the lease's local deadline cannot vouch for the
+/// hold: it may have run after the key expired, and a late attempt of the same acquisition
+/// (same token) may have taken the key again, which the release then found and deleted
+/// (the simulation's seed 363624). So it reports `NotHeld`, saying why, although here the
+/// release itself ran in time and deleted the key.
+#[test]
+fn a_release_answered_after_the_lease_ended_reports_not_held() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = Client::with_options(&proxy.url(), options_ms(1000, 3000)).unwrap();
+    crate::support::warm(&client);
+    let guard = client
+        .lock("late-answer")
+        .ttl(Duration::from_millis(500))
+        .renew(false)
+        .try_acquire()
+        .unwrap();
+    let rule = proxy.on_request(
+        b":handoff",
+        1,
+        Action::DelayReply(Duration::from_millis(900)),
+    );
+    let err = guard.release().unwrap_err();
+    assert_eq!(proxy.matched(rule), 1);
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert!(
+        err.to_string().contains("before the release was confirmed"),
+        "{err}"
+    );
+    assert!(!server.cmd::<bool>(&["EXISTS", "late-answer"]));
+}
+
 /// A release reports `Ok` only for a lock held without a break. Renewals that ran on the
 /// server but whose replies were lost leave the key alive past the local deadline: the lock
 /// is lost (the holder was told), so a release then deletes the key but reports `NotHeld`.

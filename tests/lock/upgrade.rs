@@ -1,11 +1,13 @@
-//! A deploy where redlease 0.1 clients and clients of this version contend for the same
-//! lock names. The upgrade rule (src/keys.rs): "clients of both versions stay mutually
-//! exclusive on the same lock names (they share the lock key and the fencing counter)".
-//! Fencing tokens must strictly increase per lock name whatever version drew them.
+//! Deploys where clients of earlier versions and of this one contend for the same lock
+//! names. The upgrade rule (src/keys.rs, README "Upgrading"): clients of both versions stay
+//! mutually exclusive on the same lock names (they share the lock key and the fencing
+//! counter), and fencing tokens strictly increase per lock name whatever version drew
+//! them.
 //!
 //! The 0.1 client is simulated with 0.1's own acquire and release scripts (from commit
 //! e76483e, `src/scripts.rs`, single attempts only) and its key layout
-//! (`redlease:fence:K` for a key `K` with a hash tag, `redlease:fence:{K}` otherwise).
+//! (`redlease:fence:K` for a key `K` with a hash tag, `redlease:fence:{K}` otherwise); the
+//! 0.2 client with 0.2's scripts, unchanged (below).
 
 use std::time::Duration;
 
@@ -115,4 +117,172 @@ fn fencing_tokens_increase_across_versions_for_a_plain_name() {
 #[test]
 fn fencing_tokens_increase_across_versions_for_a_tagged_name() {
     check("{u}1");
+}
+
+// --- 0.2 ---
+//
+// The 0.2 client is simulated with 0.2's own ACQUIRE and RELEASE scripts (commit 7b73bd3,
+// kept unchanged in `upgrade_scripts/`) and its key layout, which this version keeps (it
+// adds the `waiting` flag).
+
+const V02_ACQUIRE: &str = include_str!("upgrade_scripts/v0_2_acquire.lua");
+const V02_RELEASE: &str = include_str!("upgrade_scripts/v0_2_release.lua");
+
+/// 0.2's keys of lock `key`: lock, fence, wakeup, queue, grant.
+fn v02_keys(key: &str) -> [String; 5] {
+    let tagged = key
+        .find('{')
+        .is_some_and(|o| key[o + 1..].find('}').is_some_and(|c| c > 0));
+    let tail = if tagged {
+        format!("={key}")
+    } else {
+        format!("{{{key}}}")
+    };
+    let fence_tail = if tagged { key.to_owned() } else { tail.clone() };
+    [
+        key.to_owned(),
+        format!("redlease:fence:{fence_tail}"),
+        format!("redlease:wakeup:{tail}"),
+        format!("redlease:queue:{tail}"),
+        format!("redlease:grant:{tail}"),
+    ]
+}
+
+/// A 0.2 attempt (`mode` 0: once, 1: a waiter registering): its reply.
+fn v02_attempt(server: &RedisServer, key: &str, token: &str, mode: u8) -> Vec<redis::Value> {
+    redis::cmd("EVAL")
+        .arg(V02_ACQUIRE)
+        .arg(5)
+        .arg(&v02_keys(key)[..])
+        .arg(token)
+        .arg(30_000)
+        .arg(7 * 24 * 3600 * 1000u64)
+        .arg(mode)
+        .arg(2_500)
+        .query(&mut server.conn())
+        .unwrap()
+}
+
+/// A 0.2 release of `token`: 1 released, 2 handed to a waiter, 0 not held.
+fn v02_release(server: &RedisServer, key: &str, token: &str) -> i64 {
+    let k = v02_keys(key);
+    redis::cmd("EVAL")
+        .arg(V02_RELEASE)
+        .arg(4)
+        .arg(&k[0])
+        .arg(&k[2])
+        .arg(&k[3])
+        .arg(&k[4])
+        .arg(token)
+        .arg(format!("{token}:handoff"))
+        .arg(200)
+        .arg(2_500)
+        .arg(0)
+        .query(&mut server.conn())
+        .unwrap()
+}
+
+fn int(value: &redis::Value) -> i64 {
+    match value {
+        redis::Value::Int(n) => *n,
+        other => panic!("not an integer: {other:?}"),
+    }
+}
+
+fn check_0_2(key: &str) {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let mut tokens = Vec::new();
+    for n in 0..3 {
+        let token = format!("v02-token-{n}");
+        let reply = v02_attempt(&server, key, &token, 0);
+        assert_eq!(
+            int(&reply[0]),
+            1,
+            "the 0.2 client could not take {key}: {reply:?}"
+        );
+        tokens.push(("0.2", int(&reply[1]) as u64));
+        assert_eq!(v02_release(&server, key, &token), 1);
+        tokens.push(("new", new_cycle(&client, key)));
+    }
+    for w in tokens.windows(2) {
+        assert!(
+            w[1].1 > w[0].1,
+            "lock {key:?}: a {} client drew fencing token {} after a {} client drew {} \
+             (all, in order: {tokens:?})",
+            w[1].0,
+            w[1].1,
+            w[0].0,
+            w[0].1
+        );
+    }
+}
+
+#[test]
+fn fencing_tokens_increase_across_0_2_and_this_version() {
+    check_0_2("upgrade-0.2");
+    check_0_2("{u}2");
+}
+
+#[test]
+fn a_0_2_holder_and_a_holder_of_this_version_exclude_each_other() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    assert_eq!(int(&v02_attempt(&server, "mixed", "old", 0)[0]), 1);
+    let err = client.lock("mixed").try_acquire().unwrap_err();
+    assert_eq!(err.kind(), redlease::ErrorKind::Busy, "{err}");
+    assert_eq!(v02_release(&server, "mixed", "old"), 1);
+    let guard = client.lock("mixed").try_acquire().unwrap();
+    assert_eq!(int(&v02_attempt(&server, "mixed", "old-2", 0)[0]), 0);
+    // The 0.2 release script finds someone else's token: nothing happens.
+    assert_eq!(v02_release(&server, "mixed", "old-2"), 0);
+    assert!(guard.is_held());
+    guard.release().unwrap();
+}
+
+/// A waiter of this version registers as 0.2 waiters did, so a 0.2 release hands it the
+/// lock (a grant in 0.2's form, which this version takes).
+#[test]
+fn a_0_2_release_hands_the_lock_to_a_waiter_of_this_version() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    assert_eq!(int(&v02_attempt(&server, "handed", "old", 0)[0]), 1);
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let g = client
+                .lock("handed")
+                .acquire_timeout(Duration::from_secs(20))?;
+            let token = g.token().to_owned();
+            g.release()?;
+            Ok::<_, redlease::Error>(token)
+        })
+    };
+    let queue = &v02_keys("handed")[3];
+    assert!(crate::support::eventually(Duration::from_secs(5), || {
+        server.cmd::<i64>(&["ZCARD", queue]) == 1
+    }));
+    assert_eq!(
+        v02_release(&server, "handed", "old"),
+        2,
+        "handed to the waiter"
+    );
+    let token =
+        crate::support::within(Duration::from_secs(20), move || waiter.join().unwrap()).unwrap();
+    assert!(!token.is_empty());
+}
+
+/// A 0.2 waiter does not set the waiting flag, so a release of this version does not hand
+/// it the lock: it frees the lock, and the 0.2 waiter takes it at its next attempt (within
+/// its backoff, at most 2 s), as the README's upgrade notes say.
+#[test]
+fn a_0_2_waiter_finds_the_lock_freed_by_a_release_of_this_version() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let guard = client.lock("freed").try_acquire().unwrap();
+    assert_eq!(int(&v02_attempt(&server, "freed", "old-waiter", 1)[0]), 0);
+    guard.release().unwrap();
+    assert!(!server.cmd::<bool>(&["EXISTS", "freed"]), "not handed off");
+    assert_eq!(int(&v02_attempt(&server, "freed", "old-waiter", 2)[0]), 1);
+    assert_eq!(v02_release(&server, "freed", "old-waiter"), 1);
 }

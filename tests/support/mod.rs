@@ -220,6 +220,21 @@ impl RedisServer {
 
     /// How many calls of `command` succeeded, from `INFO commandstats` (e.g. "evalsha").
     /// Failed calls (such as an EVALSHA answered NOSCRIPT) are not counted.
+    /// Every command the server ran (those scripts ran counted too) since its statistics
+    /// were last reset, but for `INFO` and `CONFIG` (the test's own).
+    pub fn commands_run(&self) -> u64 {
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        info.lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter(|l| !l.starts_with("info:") && !l.starts_with("config"))
+            .filter_map(|l| {
+                l.split(',')
+                    .find_map(|kv| kv.split(':').next_back()?.strip_prefix("calls="))
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
+            .sum()
+    }
+
     pub fn calls(&self, command: &str) -> u64 {
         let info: String = self.cmd(&["INFO", "commandstats"]);
         let prefix = format!("cmdstat_{command}:");

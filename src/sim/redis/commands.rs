@@ -67,6 +67,7 @@ const fn spec(name: &'static str, arity: i32, flags: &str, kind: Kind) -> Spec {
 /// Flags, by position: `w` write, `m` deny-oom, `s` no-script (`-` for none).
 const TABLE: &[Spec] = &[
     spec("get", 2, "", Kind::Data(strings::get)),
+    spec("mget", -2, "", Kind::Data(strings::mget)),
     spec("set", -3, "wm", Kind::Data(strings::set)),
     spec("del", -2, "w", Kind::Data(keys::del)),
     spec("exists", -2, "", Kind::Data(keys::exists)),

@@ -1,5 +1,5 @@
-//! String commands: `GET` and `SET` (with `NX`, `XX`, `GET`, `KEEPTTL`, `EX`, `PX`, `EXAT`,
-//! `PXAT`).
+//! String commands: `GET`, `MGET` and `SET` (with `NX`, `XX`, `GET`, `KEEPTTL`, `EX`,
+//! `PX`, `EXAT`, `PXAT`).
 
 use super::args::{is, parse_int};
 use super::keyspace::{Data, Entry, Keyspace, typed};
@@ -21,6 +21,20 @@ pub(crate) fn get(ks: &mut Keyspace, args: &[Vec<u8>]) -> Reply {
         Ok(None) => Reply::Nil,
         Err(e) => e,
     }
+}
+
+/// `MGET key [key ...]`: each key's value; nil for a missing key and for a key of another
+/// type (`MGET` never answers `WRONGTYPE`).
+pub(crate) fn mget(ks: &mut Keyspace, args: &[Vec<u8>]) -> Reply {
+    Reply::Array(
+        args[1..]
+            .iter()
+            .map(|key| match string(ks, key) {
+                Ok(Some(v)) => Reply::bulk(v.clone()),
+                _ => Reply::Nil,
+            })
+            .collect(),
+    )
 }
 
 /// The expiry option of a `SET`.

@@ -598,9 +598,17 @@ fn out_of_memory_refuses_additions_but_not_deletions_nor_a_dirty_scripts_writes(
 fn a_release_hands_the_lock_to_the_waiter_blocked_in_its_pipeline() {
     let mut s = server();
     let (holder, waiter) = (s.connect(), s.connect());
-    let keys = ["{l}", "{l}:fence", "{l}:wake", "{l}:queue", "{l}:grant"];
+    let keys = [
+        "{l}",
+        "{l}:fence",
+        "{l}:wake",
+        "{l}:queue",
+        "{l}:grant",
+        "{l}:waiting",
+    ];
+    // No estimate of the server's clock (0): the script reads it and says what it read.
     let acquire =
-        |token: &str, mode: &str| script(&ACQUIRE, &keys, &[token, "30000", "60000", mode, "5000"]);
+        |token: &str, mode: &str| script(&ACQUIRE, &keys, &[token, "30000", "0", mode, "5000"]);
     s.submit(holder, [acquire("h", "0")]).expect("holder");
     let Value::Array(got) = &s.take_replies(holder)[0] else {
         panic!("not an array");
@@ -610,6 +618,11 @@ fn a_release_hands_the_lock_to_the_waiter_blocked_in_its_pipeline() {
         panic!("no fencing token");
     };
     assert!(first_fence >= DEFAULT_CLOCK_MS * 1000);
+    assert_eq!(
+        got.get(3),
+        Some(&Value::Int(first_fence)),
+        "the clock it read"
+    );
     // The waiter registers, then blocks with its next attempt pipelined behind the BLPOP.
     s.submit(waiter, [acquire("w", "1")]).expect("register");
     assert_eq!(s.take_replies(waiter), vec![ints(&[0, 30000])]);
@@ -623,7 +636,7 @@ fn a_release_hands_the_lock_to_the_waiter_blocked_in_its_pipeline() {
     .expect("block");
     assert!(s.is_blocked(waiter));
     s.advance(10);
-    let release_keys = ["{l}", "{l}:wake", "{l}:queue", "{l}:grant"];
+    let release_keys = ["{l}", "{l}:wake", "{l}:queue", "{l}:grant", "{l}:waiting"];
     let release = script(
         &RELEASE,
         &release_keys,

@@ -11,12 +11,13 @@ use crate::scripts::{
 use crate::sim::redis::{Command, command};
 
 /// The key families: each script's keys come from its family, in their roles.
-pub(super) const LOCK: [&str; 6] = [
+pub(super) const LOCK: [&str; 7] = [
     "{L}",
     "{L}:fence",
     "{L}:wake",
     "{L}:queue",
     "{L}:grant",
+    "{L}:waiting",
     "{L}:holds",
 ];
 pub(super) const SEM: [&str; 4] = ["{S}", "{S}:fence", "{S}:wake", "{S}:queue"];
@@ -31,12 +32,13 @@ pub(super) const RW: [&str; 6] = [
 const OTHER: [&str; 3] = ["k1", "k2", "z"];
 
 /// The keys that hold each type when the scripts use them as they should.
-const STRINGS: [&str; 7] = [
+const STRINGS: [&str; 8] = [
     "k1",
     "k2",
     "{L}",
     "{L}:fence",
     "{L}:grant",
+    "{L}:waiting",
     "{S}:fence",
     "{R}:fence",
 ];
@@ -120,11 +122,14 @@ impl Generator {
         }
     }
 
-    pub(super) fn fence_expiry(&mut self) -> String {
+    /// The client's estimate of the server's clock (µs) an acquire carries: none (0), a
+    /// plausible one, one far behind or far ahead, or garbage.
+    pub(super) fn clock(&mut self) -> String {
         if self.chance(3) {
-            "0".into()
+            self.pick(&["x", "-5"]).into()
         } else {
-            self.pick(&["604800000", "60000"]).into()
+            self.pick(&["0", "0", "1", "1700000000000000", "4000000000000000"])
+                .into()
         }
     }
 
@@ -136,22 +141,22 @@ impl Generator {
         let reentrant = self.chance(25);
         match self.rng.u8(..9) {
             0 => {
-                let mut k = keys(self, &LOCK, &[0, 1, 2, 3, 4]);
+                let mut k = keys(self, &LOCK, &[0, 1, 2, 3, 4, 5]);
                 let mut a = vec![
                     self.token(),
                     self.ttl(),
-                    self.fence_expiry(),
+                    self.clock(),
                     self.mode(),
                     self.grace(),
                 ];
                 if reentrant {
-                    k.push(self.role(LOCK[5]));
+                    k.push(self.role(LOCK[6]));
                     a.push(self.pick(&["o1", "o2"]).into());
                 }
                 ("ACQUIRE", &ACQUIRE, k, a)
             }
             1 => {
-                let mut k = keys(self, &LOCK, &[0, 2, 3, 4]);
+                let mut k = keys(self, &LOCK, &[0, 2, 3, 4, 5]);
                 let mut a = vec![
                     self.token(),
                     self.pick(&["g1", "g2"]).into(),
@@ -160,7 +165,7 @@ impl Generator {
                     self.pick(&["0", "1"]).into(),
                 ];
                 if reentrant {
-                    k.push(self.role(LOCK[5]));
+                    k.push(self.role(LOCK[6]));
                     a.push(self.pick(&["o1", "o2"]).into());
                 }
                 ("RELEASE", &RELEASE, k, a)
@@ -168,7 +173,7 @@ impl Generator {
             2 => {
                 let mut k = keys(self, &LOCK, &[0]);
                 if reentrant {
-                    k.push(self.role(LOCK[5]));
+                    k.push(self.role(LOCK[6]));
                 }
                 ("EXTEND", &EXTEND, k, vec![self.token(), self.ttl()])
             }
@@ -177,7 +182,7 @@ impl Generator {
                 let a = vec![
                     self.token(),
                     self.ttl(),
-                    self.fence_expiry(),
+                    self.clock(),
                     self.mode(),
                     self.grace(),
                     self.pick(&["1", "2", "3"]).into(),
@@ -203,7 +208,7 @@ impl Generator {
                 let a = vec![
                     self.token(),
                     self.ttl(),
-                    self.fence_expiry(),
+                    self.clock(),
                     self.mode(),
                     self.grace(),
                     self.pick(&["w", "r"]).into(),
@@ -249,9 +254,10 @@ impl Generator {
         let mut label = format!("BLPOP {key} {timeout}");
         if let Some(token) = token {
             let grace = self.grace();
-            let mut acquire = vec!["EVAL", &ACQUIRE.code, "5"];
-            acquire.extend(&LOCK[..5]);
-            acquire.extend([token, "1000", "604800000", "2", &grace]);
+            let clock = self.clock();
+            let mut acquire = vec!["EVAL", &ACQUIRE.code, "6"];
+            acquire.extend(&LOCK[..6]);
+            acquire.extend([token, "1000", &clock, "2", &grace]);
             commands.push((command(&acquire), Rule::Script));
             label.push_str(&format!(" + <ACQUIRE> {token} 1000 mode 2 grace {grace}"));
         }
@@ -285,12 +291,13 @@ impl Generator {
     /// A coherent burst of steps that walks one primitive through its waiting and handoff
     /// paths (random commands alone rarely line them up).
     pub(super) fn scenario(&mut self) -> Vec<Step> {
-        let lock5 = &LOCK[..5];
-        let release4 = [LOCK[0], LOCK[2], LOCK[3], LOCK[4]];
+        let lock6 = &LOCK[..6];
+        let release5 = [LOCK[0], LOCK[2], LOCK[3], LOCK[4], LOCK[5]];
         let holder = self.pick(&["t1", "t2"]);
         let ttl = self.pick(&["1000", "5000", "30000"]);
         let grace = self.pick(&["1000", "5000"]);
-        let fence = "604800000";
+        let fence = self.clock();
+        let fence = fence.as_str();
         let mut steps = Vec::new();
         match self.rng.u8(..4) {
             0 => {
@@ -301,7 +308,7 @@ impl Generator {
                 steps.push(self.call(
                     "ACQUIRE",
                     &ACQUIRE,
-                    lock5,
+                    lock6,
                     &[holder, ttl, fence, "0", grace],
                 ));
                 let order = if self.chance(50) {
@@ -313,7 +320,7 @@ impl Generator {
                     steps.push(self.call(
                         "ACQUIRE",
                         &ACQUIRE,
-                        lock5,
+                        lock6,
                         &[token, ttl, fence, "1", grace],
                     ));
                     if self.chance(85) {
@@ -328,12 +335,12 @@ impl Generator {
                 steps.push(self.call(
                     "RELEASE",
                     &RELEASE,
-                    &release4,
+                    &release5,
                     &[holder, "g1", "200", grace, withdraw],
                 ));
                 let next = self.pick(&["t3", "g1", holder]);
                 let mode = self.pick(&["1", "2", "3"]);
-                steps.push(self.call("ACQUIRE", &ACQUIRE, lock5, &[next, ttl, fence, mode, grace]));
+                steps.push(self.call("ACQUIRE", &ACQUIRE, lock6, &[next, ttl, fence, mode, grace]));
                 let first = order[0].1;
                 if self.chance(50) {
                     steps.push(self.call("EXTEND", &EXTEND, &[LOCK[0]], &[first, ttl]));
@@ -341,14 +348,14 @@ impl Generator {
                 steps.push(self.call(
                     "RELEASE",
                     &RELEASE,
-                    &release4,
+                    &release5,
                     &[first, "g2", "200", grace, "0"],
                 ));
                 let second = order[1].1;
                 steps.push(self.call(
                     "RELEASE",
                     &RELEASE,
-                    &release4,
+                    &release5,
                     &[second, "g1", "200", grace, "1"],
                 ));
             }
@@ -448,7 +455,7 @@ impl Generator {
                     )
                 };
                 let release = |g: &mut Self, token: &str, owner: &str| {
-                    let keys = [LOCK[0], LOCK[2], LOCK[3], LOCK[4], LOCK[5]];
+                    let keys = [LOCK[0], LOCK[2], LOCK[3], LOCK[4], LOCK[5], LOCK[6]];
                     g.call(
                         "RELEASE",
                         &RELEASE,
@@ -459,7 +466,7 @@ impl Generator {
                 steps.push(acquire(self, "t1", owner));
                 steps.push(acquire(self, "t2", owner));
                 steps.push(acquire(self, "t3", "o3"));
-                steps.push(self.call("EXTEND", &EXTEND, &[LOCK[0], LOCK[5]], &["t1", ttl]));
+                steps.push(self.call("EXTEND", &EXTEND, &[LOCK[0], LOCK[6]], &["t1", ttl]));
                 steps.push(release(self, "t2", owner));
                 steps.push(release(self, "t1", "o3"));
                 steps.push(release(self, "t1", owner));
@@ -500,7 +507,8 @@ impl Generator {
             .to_owned();
         let s = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         match kind {
-            0 | 1 => (s(&["GET", &k]), Rule::Text),
+            0 => (s(&["GET", &k]), Rule::Text),
+            1 => (s(&["MGET", &k, &k2]), Rule::Text),
             2 | 3 => {
                 let mut c = s(&["SET", &k, &value]);
                 for opt in ["NX", "XX", "GET", "KEEPTTL"] {
