@@ -42,33 +42,6 @@ impl Lua {
     }
 }
 
-/// `next_fence(key, clock)`: the next fencing token of a lock: the larger of the last one
-/// plus one and `clock`, the server's clock in microseconds (a hybrid logical clock). So
-/// tokens strictly increase on one server, and also across a loss of the counter (a
-/// restart without persistence, an expiry) or a failover to a replica that missed its last
-/// writes, as long as the new server's clock is not behind the old one's by more than the
-/// time between the last token issued before and the first after (seconds, for a
-/// failover). One write in the common case: the clock goes in and the last token comes
-/// back in the same `SET ... GET` (Redis 6.2); a second `SET` only when the clock had not
-/// passed the last token. The counter's expiry is refreshed with each token.
-fn next_fence() -> String {
-    format!(
-        r"
-local function next_fence(key, clock)
-  local last = redis.call('SET', key, string.format('%.0f', clock), 'PX', {FENCE_TTL_MS}, 'GET')
-  if last then
-    local after = tonumber(last) + 1
-    if after > clock then
-      redis.call('SET', key, string.format('%.0f', after), 'PX', {FENCE_TTL_MS})
-      return after
-    end
-  end
-  return clock
-end
-"
-    )
-}
-
 /// `now_us()` and `now_ms()`: the server's clock in microseconds and in milliseconds
 /// (`TIME`).
 const NOW: &str = r"
@@ -80,6 +53,45 @@ local function now_ms()
   return math.floor(now_us() / 1000)
 end
 ";
+
+/// `next_fence(key, estimate, read)`: the next fencing token of a lock and the reading of
+/// the server's clock it made, if any. The token is the larger of the last one plus one and
+/// the server's clock in microseconds (a hybrid logical clock), so tokens strictly increase
+/// on one server, and also across a loss of the counter (a restart without persistence, an
+/// expiry) or a failover to a replica that missed its last writes, as long as the new
+/// server's clock is not behind the old one's by more than the time between the last token
+/// issued before and the first after (seconds, for a failover). The clock is `read` when
+/// the caller read it already; else the client's `estimate` (see
+/// [`crate::core::server_time`], never ahead of the clock), or `TIME` when there is none
+/// (0) or when the counter turns out to be missing: tokens before a loss followed the
+/// clock, which an estimate may lag. One write in the common case: the clock goes in and
+/// the last token comes back in the same `SET ... GET` (Redis 6.2); a second `SET` only
+/// when the clock had not passed the last token. The counter's expiry is refreshed with
+/// each token.
+fn next_fence() -> String {
+    format!(
+        r"
+local function next_fence(key, estimate, read)
+  local clock = read or estimate
+  if clock <= 0 then
+    read = now_us()
+    clock = read
+  end
+  local last = redis.call('SET', key, string.format('%.0f', clock), 'PX', {FENCE_TTL_MS}, 'GET')
+  local after = last and tonumber(last) + 1
+  if not last and not read then
+    read = now_us()
+    after = read
+  end
+  if after and after > clock then
+    redis.call('SET', key, string.format('%.0f', after), 'PX', {FENCE_TTL_MS})
+    return after, read
+  end
+  return clock, read
+end
+"
+    )
+}
 
 /// Acquire: `SET lock token NX PX ttl`, and on success the next fencing token.
 ///
@@ -113,7 +125,7 @@ end
 /// takes a grant: it would jump the queue.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{}{NOW}{}",
+        "{NOW}{}{}",
         next_fence(),
         r"
 local token = ARGV[1]
@@ -138,19 +150,14 @@ local function granted(lease)
   if mode ~= 0 then
     redis.call('ZREM', KEYS[4], token)
   end
-  local clock = tonumber(ARGV[3]) or 0
-  local measured = clock <= 0
-  if measured then
-    clock = now_us()
-  end
-  local fence = next_fence(KEYS[2], clock)
+  local fence, read = next_fence(KEYS[2], tonumber(ARGV[3]) or 0, nil)
   if owner then
     redis.call('DEL', KEYS[7])
     redis.call('HSET', KEYS[7], 't', token, 'o', owner, 'f', string.format('%.0f', fence), 'h:' .. token, 1)
     redis.call('PEXPIRE', KEYS[7], lease)
   end
-  if measured then
-    return {1, fence, lease, clock}
+  if read then
+    return {1, fence, lease, read}
   end
   return {1, fence, lease}
 end
@@ -360,7 +367,7 @@ end
 /// newcomer may take the permit first.
 pub(crate) static ACQUIRE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{}{NOW}{WAITERS}{}",
+        "{NOW}{}{WAITERS}{}",
         next_fence(),
         r"
 local token, ttl, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
@@ -376,7 +383,7 @@ if taken or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[6]) then
   if mode ~= 0 then
     redis.call('ZREM', KEYS[4], token)
   end
-  return {1, next_fence(KEYS[2], clock), ttl, clock}
+  return {1, (next_fence(KEYS[2], clock, clock)), ttl, clock}
 end
 register(KEYS[4], token, mode, tonumber(ARGV[5]))
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -449,7 +456,7 @@ return 1
 ///   expires).
 pub(crate) static ACQUIRE_RW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{}{NOW}{WAITERS}{}",
+        "{NOW}{}{WAITERS}{}",
         next_fence(),
         r"
 local token, ttl, mode, side = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4]), ARGV[6]
@@ -479,7 +486,7 @@ local function granted(field, value)
   if mode ~= 0 then
     redis.call('ZREM', side == 'w' and KEYS[4] or KEYS[5], token)
   end
-  return {1, next_fence(KEYS[2], clock), ttl, clock}
+  return {1, (next_fence(KEYS[2], clock, clock)), ttl, clock}
 end
 if side == 'w' then
   if writer == token or redis.call('HLEN', KEYS[1]) == 0 then

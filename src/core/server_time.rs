@@ -3,22 +3,30 @@
 //!
 //! Fencing tokens follow the server's clock in microseconds (see `next_fence` in
 //! [`crate::scripts`]): that is what keeps them increasing across a counter the server
-//! lost. Reading the clock costs the acquire script a `TIME` call; instead the client
-//! sends its estimate, kept from the last time a script read the clock for it. The
-//! estimate is a lower bound as long as the two clocks run at the same rate: the server
-//! read its clock before the reply that carried it arrived, so "that reading plus the time
-//! since the reply arrived" is never ahead of the server. It is trusted for
-//! [`FRESH_FOR`]; after that (or before any reading) the client sends 0 and the script
-//! reads `TIME` again.
+//! lost or a failover to a replica that missed its last writes. Reading the clock costs the
+//! acquire script a `TIME` call; instead the client sends its estimate, kept from the last
+//! time a script read the clock for it.
+//!
+//! The estimate is never ahead of the server's clock while the two clocks' rates differ by
+//! no more than the drift allowance (1 %): the server read its clock before the reply that
+//! carried the reading arrived, so "the reading plus 99 % of the time since the reply
+//! arrived" cannot be ahead. It lags the clock by at most the reading's round trip (only
+//! readings whose round trip took at most [`MAX_ROUND_TRIP`] are kept) plus 2 % of its
+//! age (at most [`FRESH_FOR`]): together under 50 ms. After that, or before any reading,
+//! the client sends 0 and the script reads `TIME` itself (as it does when it finds the
+//! counter missing, the one case where a lagging estimate would matter at once).
 //!
 //! The estimate never makes a token smaller than the last one plus one (the script takes
 //! the larger); it only decides how far a token jumps when the clock has moved on.
 
 use std::time::{Duration, Instant};
 
-/// How long a reading of the server's clock is used: a rate difference within the drift
-/// allowance (1 %) moves the estimate by at most 100 ms over this time.
-pub(crate) const FRESH_FOR: Duration = Duration::from_secs(10);
+/// How long a reading of the server's clock is used.
+pub(crate) const FRESH_FOR: Duration = Duration::from_secs(2);
+
+/// The longest round trip of a request whose reading of the server's clock is kept: the
+/// estimate lags the clock by up to the round trip of its reading.
+pub(crate) const MAX_ROUND_TRIP: Duration = Duration::from_millis(10);
 
 /// The last reading of a server's clock (see the module documentation). Plain data: the
 /// caller keeps one per client and guards it as it needs.
@@ -29,9 +37,9 @@ pub(crate) struct ServerTime {
 }
 
 impl ServerTime {
-    /// The server's clock in microseconds at `now`, never ahead of it (clock rates
-    /// agreeing); 0 when there is no reading fresh enough, which tells the script to read
-    /// the clock itself.
+    /// The server's clock in microseconds at `now`, never ahead of it (clock rates within
+    /// the drift allowance); 0 when there is no reading fresh enough, which tells the
+    /// script to read the clock itself.
     pub fn estimate(&self, now: Instant) -> u64 {
         match self.reading {
             Some((clock, at)) => {
@@ -39,16 +47,18 @@ impl ServerTime {
                 if since >= FRESH_FOR {
                     return 0;
                 }
-                clock.saturating_add(since.as_micros() as u64)
+                let since = since.as_micros() as u64;
+                clock.saturating_add(since - since / 100)
             }
             None => 0,
         }
     }
 
-    /// A script read the server's clock as `clock` (microseconds), in a reply that arrived
-    /// at `arrived`. A reading that arrived earlier than the one kept is ignored.
-    pub fn observed(&mut self, clock: u64, arrived: Instant) {
-        if clock == 0 {
+    /// A script read the server's clock as `clock` (microseconds), for a request written
+    /// at `sent` whose reply arrived at `arrived`. A reading whose round trip took longer
+    /// than [`MAX_ROUND_TRIP`], or that arrived before the one kept, is ignored.
+    pub fn observed(&mut self, clock: u64, sent: Instant, arrived: Instant) {
+        if clock == 0 || arrived.saturating_duration_since(sent) > MAX_ROUND_TRIP {
             return;
         }
         match self.reading {
@@ -70,12 +80,12 @@ mod tests {
     }
 
     #[test]
-    fn the_estimate_counts_from_the_replys_arrival() {
+    fn the_estimate_counts_from_the_replys_arrival_at_the_slowest_allowed_rate() {
         let t0 = Instant::now();
         let mut time = ServerTime::default();
-        time.observed(1_000_000, t0);
+        time.observed(1_000_000, t0 - MS, t0);
         assert_eq!(time.estimate(t0), 1_000_000);
-        assert_eq!(time.estimate(t0 + 7 * MS), 1_007_000);
+        assert_eq!(time.estimate(t0 + 100 * MS), 1_099_000);
         // A clock read before the reading's arrival is not moved back.
         assert_eq!(time.estimate(t0 - MS), 1_000_000);
     }
@@ -84,19 +94,29 @@ mod tests {
     fn a_stale_reading_is_not_used() {
         let t0 = Instant::now();
         let mut time = ServerTime::default();
-        time.observed(5, t0);
-        assert_eq!(time.estimate(t0 + FRESH_FOR - MS), 5 + 9_999_000);
+        time.observed(5, t0, t0);
+        assert_ne!(time.estimate(t0 + FRESH_FOR - MS), 0);
         assert_eq!(time.estimate(t0 + FRESH_FOR), 0);
+    }
+
+    #[test]
+    fn a_reading_from_a_slow_round_trip_is_not_kept() {
+        let t0 = Instant::now();
+        let mut time = ServerTime::default();
+        time.observed(1_000, t0, t0 + MAX_ROUND_TRIP + MS);
+        assert_eq!(time.estimate(t0 + 20 * MS), 0);
+        time.observed(1_000, t0, t0 + MAX_ROUND_TRIP);
+        assert_ne!(time.estimate(t0 + 20 * MS), 0);
     }
 
     #[test]
     fn a_later_reading_wins_over_an_earlier_one_that_arrived_last() {
         let t0 = Instant::now();
         let mut time = ServerTime::default();
-        time.observed(2_000, t0 + 2 * MS);
-        time.observed(1_000, t0 + MS);
+        time.observed(2_000, t0, t0 + 2 * MS);
+        time.observed(1_000, t0, t0 + MS);
         assert_eq!(time.estimate(t0 + 2 * MS), 2_000);
-        time.observed(0, t0 + 3 * MS);
-        assert_eq!(time.estimate(t0 + 3 * MS), 3_000);
+        time.observed(0, t0, t0 + 3 * MS);
+        assert_eq!(time.estimate(t0 + 2 * MS), 2_000);
     }
 }

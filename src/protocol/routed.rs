@@ -78,18 +78,20 @@ impl LockServer for Routed {
             return Ok(None);
         };
         let arrived = Instant::now();
+        let sent = replies.sent_at;
         let answer = calls::read_attempt(
             replies.values,
             request.block.is_some(),
             request.replicas,
-            replies.sent_at,
+            sent,
         )?;
         if let AttemptReply::Granted {
             server_clock: Some(clock),
             ..
         } = answer.reply
         {
-            sync::lock(&self.server_time).observed(clock, arrived);
+            // (A blocked attempt's round trip includes its block: too long to be kept.)
+            sync::lock(&self.server_time).observed(clock, sent, arrived);
         }
         Ok(Some(answer))
     }

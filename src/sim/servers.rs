@@ -82,6 +82,12 @@ impl SimServer {
         self.dead = true;
     }
 
+    /// Refuses connections until [`resume`](Self::resume), keeping its data (a replica
+    /// being promoted).
+    pub fn take_down(&mut self) {
+        self.down = true;
+    }
+
     /// Moves the server's time to `now`.
     pub fn advance(&mut self, now: Micros) {
         if self.serving() {

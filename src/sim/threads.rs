@@ -637,11 +637,14 @@ impl World {
                                 server_clock: Some(clock),
                                 ..
                             },
+                        sent_at,
                         ..
                     }) = &read
                     {
                         let now = self.local(client);
-                        self.clients[client].server_time.observed(*clock, now);
+                        self.clients[client]
+                            .server_time
+                            .observed(*clock, *sent_at, now);
                     }
                     Event::Attempted(read)
                 }

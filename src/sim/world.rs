@@ -383,8 +383,10 @@ impl World {
         self.at(self.now + down, Event::ServerBack(server));
     }
 
-    /// The replica takes the primary's place with what it received; the old primary is
-    /// gone (its connections reset). Writes it had not received are lost, which the
+    /// The primary dies (its connections reset) and the replica takes its place with what
+    /// it received, after the time a failover takes to notice and agree (Sentinel's
+    /// `down-after-milliseconds` and election: 100 ms to 1 s here, seconds in practice),
+    /// refusing connections meanwhile. Writes it had not received are lost, which the
     /// design documents as a way to let two holders in.
     fn failover(&mut self) {
         let Some(link) = self.link.take() else {
@@ -408,6 +410,9 @@ impl World {
             self.at(self.now + after, Event::Reset(id));
         }
         self.primary = new;
+        self.servers[new].take_down();
+        let promoted_after = self.rng.u64(100_000..1_000_000);
+        self.at(self.now + promoted_after, Event::ServerBack(new));
     }
 
     fn server_back(&mut self, server: usize) {
