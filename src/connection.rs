@@ -26,6 +26,7 @@ use socket2::{SockAddr, Socket, Type};
 use crate::cancel::{self, Watch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::process;
+use crate::resp::{NotResp, ReplyBuffer};
 use crate::tls::{self, TlsSetup};
 use crate::url::{Addr, Login, Tls};
 
@@ -105,7 +106,7 @@ impl Connector {
         };
         let mut conn = Connection {
             io,
-            parser: redis::Parser::new(),
+            replies: ReplyBuffer::new(),
             broken: false,
             pending: 0,
             process: process::generation(),
@@ -430,7 +431,8 @@ impl TlsIo {
 /// One connection: requests go out whole, replies come back in order.
 pub(crate) struct Connection {
     io: Io,
-    parser: redis::Parser,
+    /// Bytes read and not yet taken as replies.
+    replies: ReplyBuffer,
     /// An I/O error happened: the stream is in an unknown state and the connection must
     /// not be reused.
     broken: bool,
@@ -507,35 +509,52 @@ impl Connection {
     /// the connection and is marked sent (the request may have run).
     pub fn recv(&mut self, deadline: Instant, watch: &Watch) -> Result<Value> {
         self.broken = true;
-        let mut reader = DeadlineReader {
-            io: &mut self.io,
-            deadline,
-            watch,
-            ended: None,
-        };
-        let parsed = self.parser.parse_value(&mut reader);
-        let ended = reader.ended;
-        let addr = &self.addr;
-        let value = parsed.map_err(|e| {
-            let kind = ended.unwrap_or(ErrorKind::Connection);
-            let message = match kind {
-                ErrorKind::Timeout => "no reply in time".to_owned(),
-                ErrorKind::Cancelled => "the wait was cancelled".to_owned(),
-                // Not RESP at all: another service on the port (an HTTP proxy, say). The
-                // parser's own message dumps the bytes it met.
-                _ if e.kind() == redis::ErrorKind::Parse => {
-                    format!("the server at {addr} did not answer as a Redis server (is it one?)")
+        loop {
+            match self.replies.next_reply() {
+                Ok(Some(value)) => {
+                    self.broken = false;
+                    self.pending = self.pending.saturating_sub(1);
+                    return Ok(value);
                 }
-                _ if e.is_unrecoverable_error() || e.is_io_error() => {
-                    format!("the connection was lost: {e}")
+                Ok(None) => {}
+                // Not RESP at all: another service on the port (an HTTP proxy, say).
+                Err(NotResp) => {
+                    let addr = &self.addr;
+                    return Err(Error::new(
+                        ErrorKind::Connection,
+                        format!(
+                            "the server at {addr} did not answer as a Redis server (is it one?)"
+                        ),
+                    )
+                    .sent());
                 }
-                _ => format!("unreadable reply: {e}"),
+            }
+            let mut reader = DeadlineReader {
+                io: &mut self.io,
+                deadline,
+                watch,
+                ended: None,
             };
-            Error::new(kind, message).with_source(e).sent()
-        })?;
-        self.broken = false;
-        self.pending = self.pending.saturating_sub(1);
-        Ok(value)
+            match reader.read(self.replies.room()) {
+                Ok(0) => {
+                    return Err(Error::new(
+                        ErrorKind::Connection,
+                        "the connection was lost: the server closed it",
+                    )
+                    .sent());
+                }
+                Ok(n) => self.replies.filled(n),
+                Err(e) => {
+                    let kind = reader.ended.unwrap_or(ErrorKind::Connection);
+                    let message = match kind {
+                        ErrorKind::Timeout => "no reply in time".to_owned(),
+                        ErrorKind::Cancelled => "the wait was cancelled".to_owned(),
+                        _ => format!("the connection was lost: {e}"),
+                    };
+                    return Err(Error::new(kind, message).with_source(e).sent());
+                }
+            }
+        }
     }
 
     /// Whether the connection is in step with its replies (not broken, none pending) and in
@@ -548,7 +567,7 @@ impl Connection {
     /// Whether the connection can carry another request: [in step](Self::is_in_step), and
     /// (checked without blocking) not closed by the server and holding no unread data.
     pub fn is_usable(&mut self) -> bool {
-        if !self.is_in_step() {
+        if !self.is_in_step() || self.replies.has_unread() {
             return false;
         }
         let mut byte = [0u8; 1];

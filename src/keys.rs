@@ -76,7 +76,9 @@ impl LockKeys {
         if name.is_empty() {
             return Err(Error::invalid("the lock name is empty"));
         }
-        let lock = format!("{prefix}{name}");
+        let mut lock = String::with_capacity(prefix.len() + name.len());
+        lock.push_str(prefix);
+        lock.push_str(name);
         if lock.len() > MAX_KEY_LEN {
             return Err(Error::invalid(format!(
                 "the lock key is {} bytes long; the maximum is {MAX_KEY_LEN}",
@@ -91,22 +93,37 @@ impl LockKeys {
         }
         let tagged = hash_tag(lock.as_bytes()).is_some();
         let tail = if tagged {
-            format!("={lock}")
+            let mut t = String::with_capacity(lock.len() + 1);
+            t.push('=');
+            t.push_str(&lock);
+            t
         } else if !lock.contains('}') {
-            format!("{{{lock}}}")
+            let mut t = String::with_capacity(lock.len() + 2);
+            t.push('{');
+            t.push_str(&lock);
+            t.push('}');
+            t
         } else {
             format!("{{{}}}{lock}", slot_tag(key_slot(lock.as_bytes())))
         };
         let fence_tail = if tagged { lock.as_str() } else { tail.as_str() };
+        // Built by hand, not with `format!`: every acquire derives them.
+        let companion = |kind: &str, tail: &str| {
+            let mut key = String::with_capacity(RESERVED_PREFIX.len() + kind.len() + tail.len());
+            key.push_str(RESERVED_PREFIX);
+            key.push_str(kind);
+            key.push_str(tail);
+            key
+        };
         Ok(LockKeys {
-            fence: format!("{RESERVED_PREFIX}fence:{fence_tail}"),
-            wake: format!("{RESERVED_PREFIX}wakeup:{tail}"),
-            queue: format!("{RESERVED_PREFIX}queue:{tail}"),
-            grant: format!("{RESERVED_PREFIX}grant:{tail}"),
-            waiting: format!("{RESERVED_PREFIX}waiting:{tail}"),
-            readers: format!("{RESERVED_PREFIX}readers:{tail}"),
-            reader_wake: format!("{RESERVED_PREFIX}rwakeup:{tail}"),
-            holds: format!("{RESERVED_PREFIX}holds:{tail}"),
+            fence: companion("fence:", fence_tail),
+            wake: companion("wakeup:", &tail),
+            queue: companion("queue:", &tail),
+            grant: companion("grant:", &tail),
+            waiting: companion("waiting:", &tail),
+            readers: companion("readers:", &tail),
+            reader_wake: companion("rwakeup:", &tail),
+            holds: companion("holds:", &tail),
             lock,
         })
     }

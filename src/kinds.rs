@@ -54,6 +54,12 @@ impl Kind {
     ) -> Call {
         let mode = mode.arg();
         match self {
+            // A single attempt touches the key and the fencing counter only.
+            Kind::Mutex if mode == Mode::Once.arg() => Call::script(
+                &scripts::ACQUIRE,
+                &[&keys.lock, &keys.fence],
+                &[&token, &ttl_ms, &clock_us, &mode, &grace_ms],
+            ),
             Kind::Mutex => Call::script(
                 &scripts::ACQUIRE,
                 &[

@@ -62,6 +62,7 @@ mod protocol;
 mod races;
 mod reentrant;
 mod renewal;
+mod resp;
 mod scripts;
 mod shared;
 #[cfg(test)]

@@ -97,7 +97,8 @@ end
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue, KEYS[5]
 ///   grant, KEYS[6] waiting flag, and for a reentrant lock KEYS[7] its holds (see
-///   [`crate::kinds::Kind`])
+///   [`crate::kinds::Kind`]); a mutex's single attempt (mode 0) touches only the first two
+///   and passes only those
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] the client's estimate of the server's clock in
 ///   microseconds for the fencing token (0: unknown, the script reads `TIME`; see
 ///   [`crate::core::server_time`]), ARGV[4] mode ([`crate::core::reply::Mode`]), ARGV[5]

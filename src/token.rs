@@ -60,10 +60,25 @@ fn fill(buf: &mut [u8]) {
     }
 }
 
-/// A fresh token: a UUIDv4 (122 random bits), then `:` and `label`.
+/// A fresh token: a UUIDv4 (122 random bits, hyphenated), then `:` and `label`.
 pub(crate) fn new_token(label: &str) -> String {
     let uuid = uuid::Builder::from_random_bytes(random_16()).into_uuid();
-    format!("{uuid}:{label}")
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    let uuid = uuid.hyphenated().encode_lower(&mut text);
+    let mut token = String::with_capacity(uuid.len() + 1 + label.len());
+    token.push_str(uuid);
+    token.push(':');
+    token.push_str(label);
+    token
+}
+
+/// The token a release of `token` hands the lock over under, when a waiter is registered:
+/// unique because a token is released (or given back) at most once.
+pub(crate) fn handoff_token(token: &str) -> String {
+    let mut handoff = String::with_capacity(token.len() + 8);
+    handoff.push_str(token);
+    handoff.push_str(":handoff");
+    handoff
 }
 
 /// The reentrant owner that stands for the calling thread: unique to this thread of this

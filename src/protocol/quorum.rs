@@ -267,7 +267,7 @@ impl LockServer for Quorum {
 
 impl Quorum {
     fn release_call(&self, kind: &Kind, keys: &LockKeys, token: &str, withdraw: bool) -> Call {
-        let handoff = token::new_token("handoff");
+        let handoff = token::handoff_token(token);
         let hold = Hold { kind, keys, token };
         calls::release(hold, &handoff, backoff::grace(self.bounds.io), withdraw)
     }

@@ -115,7 +115,7 @@ impl LockServer for Routed {
         withdraw: bool,
         exec: &Exec<'_>,
     ) -> Result<ReleaseReply> {
-        let handoff = token::new_token("handoff");
+        let handoff = token::handoff_token(hold.token);
         let grace = backoff::grace(self.backend.io_timeout);
         let call = calls::release(hold, &handoff, grace, withdraw);
         let replies = self.backend.run(&hold.keys.lock, &[call], exec)?;

@@ -152,6 +152,9 @@ impl Generator {
                 if reentrant {
                     k.push(self.role(LOCK[6]));
                     a.push(self.pick(&["o1", "o2"]).into());
+                } else if a[3] == "0" && self.chance(50) {
+                    // A single attempt passes the key and the fencing counter only.
+                    k.truncate(2);
                 }
                 ("ACQUIRE", &ACQUIRE, k, a)
             }
