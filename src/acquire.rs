@@ -81,6 +81,7 @@ impl Acquire<'_> {
                         mode: plan.mode,
                         grace,
                         block: plan.block,
+                        lead: plan.lead,
                         exec,
                         replicas: self.replicas,
                     };

@@ -129,6 +129,19 @@ impl LockKeys {
     }
 }
 
+impl LockKeys {
+    /// The wake list of the waiter whose token is `token` (its lead attempt wakes its own
+    /// block through it): the wake list's name and the token, so in the same slot (the
+    /// hash tag comes before the token).
+    pub fn own_wake(&self, token: &str) -> String {
+        let mut key = String::with_capacity(self.wake.len() + 1 + token.len());
+        key.push_str(&self.wake);
+        key.push(':');
+        key.push_str(token);
+        key
+    }
+}
+
 /// The lock keys whose fencing counter `fence` may be (a counter `redlease:fence:{abc}`
 /// serves both `abc` and `{abc}`); empty when `fence` is not a fencing counter.
 pub(crate) fn lock_keys_of(fence: &str) -> Vec<String> {
@@ -244,6 +257,8 @@ mod tests {
             assert_eq!(key_slot(keys.queue.as_bytes()), slot, "{name}");
             assert_eq!(key_slot(keys.grant.as_bytes()), slot, "{name}");
             assert_eq!(key_slot(keys.waiting.as_bytes()), slot, "{name}");
+            let own = keys.own_wake("a{b}c:host/1");
+            assert_eq!(key_slot(own.as_bytes()), slot, "{name}");
             assert_eq!(key_slot(keys.holds.as_bytes()), slot, "{name}");
         }
     }

@@ -52,69 +52,63 @@ impl Kind {
         grace_ms: u64,
         clock_us: u64,
     ) -> Call {
-        let mode = mode.arg();
+        // A lead attempt's own wake list goes last.
+        let own = (mode == Mode::Lead).then(|| keys.own_wake(token));
+        let arg = mode.arg();
+        let mut k: Vec<&str> = Vec::with_capacity(9);
+        k.extend([keys.lock.as_str(), keys.fence.as_str()]);
         match self {
-            // A single attempt touches the key and the fencing counter only.
-            Kind::Mutex if mode == Mode::Once.arg() => Call::script(
-                &scripts::ACQUIRE,
-                &[&keys.lock, &keys.fence],
-                &[&token, &ttl_ms, &clock_us, &mode, &grace_ms],
-            ),
-            Kind::Mutex => Call::script(
-                &scripts::ACQUIRE,
-                &[
-                    &keys.lock,
-                    &keys.fence,
-                    &keys.wake,
-                    &keys.queue,
-                    &keys.grant,
-                    &keys.waiting,
-                ],
-                &[&token, &ttl_ms, &clock_us, &mode, &grace_ms],
-            ),
-            Kind::Reentrant(owner) => Call::script(
-                &scripts::ACQUIRE,
-                &[
-                    &keys.lock,
-                    &keys.fence,
+            // A single attempt on a mutex touches the key and the fencing counter only.
+            Kind::Mutex if mode == Mode::Once => {}
+            Kind::Mutex => {
+                k.extend([&keys.wake, &keys.queue, &keys.grant, &keys.waiting].map(String::as_str))
+            }
+            Kind::Reentrant(_) => k.extend(
+                [
                     &keys.wake,
                     &keys.queue,
                     &keys.grant,
                     &keys.waiting,
                     &keys.holds,
-                ],
-                &[
-                    &token,
-                    &ttl_ms,
-                    &clock_us,
-                    &mode,
-                    &grace_ms,
-                    &owner.as_ref(),
-                ],
+                ]
+                .map(String::as_str),
+            ),
+            Kind::Permit(_) => k.extend([&keys.wake, &keys.queue].map(String::as_str)),
+            Kind::Read | Kind::Write => k.extend(
+                [&keys.wake, &keys.queue, &keys.readers, &keys.reader_wake].map(String::as_str),
+            ),
+        }
+        if let Some(own) = &own {
+            k.push(own);
+        }
+        let script = match self {
+            Kind::Mutex | Kind::Reentrant(_) => &scripts::ACQUIRE,
+            Kind::Permit(_) => &scripts::ACQUIRE_PERMIT,
+            Kind::Read | Kind::Write => &scripts::ACQUIRE_RW,
+        };
+        match self {
+            Kind::Mutex => Call::script(script, &k, &[&token, &ttl_ms, &clock_us, &arg, &grace_ms]),
+            Kind::Reentrant(owner) => Call::script(
+                script,
+                &k,
+                &[&token, &ttl_ms, &clock_us, &arg, &grace_ms, &owner.as_ref()],
             ),
             Kind::Permit(permits) => Call::script(
-                &scripts::ACQUIRE_PERMIT,
-                &[&keys.lock, &keys.fence, &keys.wake, &keys.queue],
+                script,
+                &k,
                 &[
                     &token,
                     &ttl_ms,
                     &clock_us,
-                    &mode,
+                    &arg,
                     &grace_ms,
                     &u64::from(*permits),
                 ],
             ),
             Kind::Read | Kind::Write => Call::script(
-                &scripts::ACQUIRE_RW,
-                &[
-                    &keys.lock,
-                    &keys.fence,
-                    &keys.wake,
-                    &keys.queue,
-                    &keys.readers,
-                    &keys.reader_wake,
-                ],
-                &[&token, &ttl_ms, &clock_us, &mode, &grace_ms, &self.side()],
+                script,
+                &k,
+                &[&token, &ttl_ms, &clock_us, &arg, &grace_ms, &self.side()],
             ),
         }
     }

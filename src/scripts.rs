@@ -97,8 +97,9 @@ end
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue, KEYS[5]
 ///   grant, KEYS[6] waiting flag, and for a reentrant lock KEYS[7] its holds (see
-///   [`crate::kinds::Kind`]); a mutex's single attempt (mode 0) touches only the first two
-///   and passes only those
+///   [`crate::kinds::Kind`]); then, for a lead attempt (mode 4), the waiter's own wake
+///   list. A mutex's single attempt (mode 0) touches only the first two and passes only
+///   those.
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] the client's estimate of the server's clock in
 ///   microseconds for the fencing token (0: unknown, the script reads `TIME`; see
 ///   [`crate::core::server_time`]), ARGV[4] mode ([`crate::core::reply::Mode`]), ARGV[5]
@@ -112,7 +113,13 @@ end
 ///   fencing token), whose lease is now at least the ttl.
 ///
 /// A registration also sets the waiting flag, to expire with the queue: a release looks
-/// at the queue only when the flag is there.
+/// at the queue only when the flag is there. A registration's lapse is counted from the
+/// client's estimate of the clock when it sends one (a lower bound), else from `TIME`.
+///
+/// A lead attempt (mode 4) is a waiter's first, pipelined in one write with the block on
+/// its own wake list and the wake list, and the attempt after it (mode 2 or 3): it
+/// registers like mode 1, and when it takes the lock it pushes to the own wake list, so
+/// that the block returns at once.
 ///
 /// A taken grant is leased for the shorter of the ttl and the grace, not for the ttl: if
 /// the waiter died right after its pipelined attempt ran, nobody would hear of the grant,
@@ -132,6 +139,15 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
 local token = ARGV[1]
 local mode = tonumber(ARGV[4])
 local owner = ARGV[6]
+-- A lead attempt (mode 4) that takes the lock leaves a wake-up on the waiter's own list,
+-- which the block pipelined behind it pops at once.
+local function wake_self()
+  if mode == 4 then
+    local own = KEYS[owner and 8 or 7]
+    redis.call('RPUSH', own, '1')
+    redis.call('PEXPIRE', own, ARGV[5])
+  end
+end
 if owner then
   -- Reentrant: the owner of the current hold takes it once more.
   local holder = redis.call('GET', KEYS[1])
@@ -144,6 +160,7 @@ if owner then
     if mode ~= 0 then
       redis.call('ZREM', KEYS[4], token)
     end
+    wake_self()
     return {2, tonumber(h[3]), lease, holder}
   end
 end
@@ -151,6 +168,7 @@ local function granted(lease)
   if mode ~= 0 then
     redis.call('ZREM', KEYS[4], token)
   end
+  wake_self()
   local fence, read = next_fence(KEYS[2], tonumber(ARGV[3]) or 0, nil)
   if owner then
     redis.call('DEL', KEYS[7])
@@ -168,10 +186,10 @@ local function take_grant()
   redis.call('SET', KEYS[1], token, 'PX', lease)
   return granted(lease)
 end
-if mode >= 2 then
+if mode == 2 or mode == 3 then
   -- Back from a block: most likely for a grant (checked first, it is the hot path).
-  local grant = redis.call('GET', KEYS[5])
-  if grant and grant == redis.call('GET', KEYS[1]) then
+  local got = redis.call('MGET', KEYS[5], KEYS[1])
+  if got[1] and got[1] == got[2] then
     return take_grant()
   end
 end
@@ -196,7 +214,11 @@ if mode == 3 then
   return {0, pttl}
 end
 local lives = tonumber(ARGV[5])
-redis.call('ZADD', KEYS[4], now_ms() + lives, token)
+-- By the client's estimate of the clock when there is one (never ahead of it: the
+-- registration lapses a little early at worst).
+local clock = tonumber(ARGV[3]) or 0
+local now = clock > 0 and math.floor(clock / 1000) or now_ms()
+redis.call('ZADD', KEYS[4], now + lives, token)
 if redis.call('PTTL', KEYS[4]) < lives then
   redis.call('PEXPIRE', KEYS[4], lives)
   redis.call('SET', KEYS[6], '1', 'PX', lives)
@@ -324,7 +346,8 @@ return 0
 });
 
 /// Helpers of the semaphore and read-write lock scripts: a registration of a waiter (as in
-/// [`ACQUIRE`]), and the wake-ups a release leaves for blocked waiters.
+/// [`ACQUIRE`]), the wake-up a lead attempt (mode 4) that took a hold leaves on its own
+/// wake list (its last key), and the wake-ups a release leaves for blocked waiters.
 const WAITERS: &str = r"
 local function register(queue, token, mode, lives)
   if mode == 3 then
@@ -334,6 +357,12 @@ local function register(queue, token, mode, lives)
     if redis.call('PTTL', queue) < lives then
       redis.call('PEXPIRE', queue, lives)
     end
+  end
+end
+local function wake_self(own, mode, lives)
+  if mode == 4 then
+    redis.call('RPUSH', own, '1')
+    redis.call('PEXPIRE', own, lives)
   end
 end
 local function wake(wakeup, queue, count, lives)
@@ -384,6 +413,7 @@ if taken or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[6]) then
   if mode ~= 0 then
     redis.call('ZREM', KEYS[4], token)
   end
+  wake_self(KEYS[5], mode, ARGV[5])
   return {1, (next_fence(KEYS[2], clock, clock)), ttl, clock}
 end
 register(KEYS[4], token, mode, tonumber(ARGV[5]))
@@ -487,6 +517,7 @@ local function granted(field, value)
   if mode ~= 0 then
     redis.call('ZREM', side == 'w' and KEYS[4] or KEYS[5], token)
   end
+  wake_self(KEYS[7], mode, ARGV[5])
   return {1, (next_fence(KEYS[2], clock, clock)), ttl, clock}
 end
 if side == 'w' then

@@ -101,6 +101,9 @@ pub(crate) struct AttemptPlan {
     pub mode: Mode,
     /// Block on the wake list for this long first, the attempt pipelined behind the block.
     pub block: Option<Duration>,
+    /// A waiter's first attempt ([`Mode::Lead`]) goes ahead of the block, in the same
+    /// write: it registers, or takes the lock and wakes the block at once.
+    pub lead: bool,
     pub lane: Lane,
     /// Nothing of the request runs past this.
     pub cutoff: Option<Instant>,
@@ -162,6 +165,7 @@ enum Phase {
         mode: Mode,
         last: bool,
         block: Option<Duration>,
+        lead: bool,
     },
     /// A block found no connection: sleeping for it, then attempting in `mode`.
     SleepingInsteadOfBlocking {
@@ -287,14 +291,24 @@ impl AcquireMachine {
         let phase = std::mem::replace(&mut self.phase, Phase::Done);
         match (phase, event) {
             (Phase::Start, Event::Start) => self.next_attempt(now, cancelled),
-            (Phase::Attempting { last, .. }, Event::Attempted(result)) => {
+            (Phase::Attempting { last, lead, .. }, Event::Attempted(result)) => {
+                if let (true, Err(e)) = (lead, &result) {
+                    // The lead attempt may have registered before a later call failed.
+                    self.registered |= e.outcome_unknown() || e.kind() == ErrorKind::Server;
+                }
                 self.attempted(last, result, now, cancelled)
+            }
+            // A first attempt that found no blocking connection goes on its own at once.
+            (Phase::Attempting { lead: true, .. }, Event::NoBlockingConnection) => {
+                let lane = self.caller_lane(now, false);
+                self.attempt(Mode::Waiter, None, lane, false, now)
             }
             (
                 Phase::Attempting {
                     mode,
                     last,
                     block: Some(block),
+                    ..
                 },
                 Event::NoBlockingConnection,
             ) => {
@@ -350,18 +364,27 @@ impl AcquireMachine {
         if !wait.waits() || !self.spec.blocks {
             return self.attempt(Mode::Once, None, lane, !wait.waits() || last, now);
         }
-        if self.plain_next || last {
+        let lead = self.plain_next && !last && !self.registered;
+        if (self.plain_next || last) && !lead {
             self.plain_next = false;
-            let mode = match (last, self.registered) {
-                (true, _) => Mode::Last,
-                (false, true) => Mode::AfterBlock,
-                (false, false) => Mode::Waiter,
-            };
+            let mode = if last { Mode::Last } else { Mode::AfterBlock };
             return self.attempt(mode, None, lane, last, now);
         }
+        self.plain_next = false;
         let block = self.backoff.next(left, self.holder_pttl, self.grace);
         let last = left.is_some_and(|left| left <= block);
         let mode = if last { Mode::Last } else { Mode::AfterBlock };
+        if lead {
+            // A waiter's first attempt, its block and the attempt after the block, in one
+            // write.
+            self.phase = Phase::Attempting {
+                mode,
+                last,
+                block: Some(block),
+                lead: true,
+            };
+            return Action::Attempt(self.plan(mode, Some(block), true, Lane::Blocking, now));
+        }
         self.attempt(mode, Some(block), Lane::Blocking, last, now)
     }
 
@@ -373,25 +396,42 @@ impl AcquireMachine {
         last: bool,
         now: Instant,
     ) -> Action {
-        self.phase = Phase::Attempting { mode, last, block };
+        self.phase = Phase::Attempting {
+            mode,
+            last,
+            block,
+            lead: false,
+        };
         if !self.spec.blocks {
             // A quorum may hold part of any attempt under this token until it is given back.
             self.registered = true;
         }
-        Action::Attempt(AttemptPlan {
+        Action::Attempt(self.plan(mode, block, false, lane, now))
+    }
+
+    fn plan(
+        &self,
+        mode: Mode,
+        block: Option<Duration>,
+        lead: bool,
+        lane: Lane,
+        now: Instant,
+    ) -> AttemptPlan {
+        AttemptPlan {
             token: self.token.clone(),
             mode,
             block,
+            lead,
             lane,
             cutoff: self.cutoff,
             // A waiter's attempts before its last one are tried again, when refused for
             // now, only until the end of its wait.
-            retry_until: if mode.keeps_waiting() {
+            retry_until: if mode.keeps_waiting() || lead {
                 self.spec.wait.deadline(now)
             } else {
                 None
             },
-        })
+        }
     }
 
     fn attempted(
@@ -855,8 +895,8 @@ mod tests {
         // the call's bound; with nothing of the bound left, in the background.
         let end = t0 + 300 * MS;
         let mut m = machine(Wait::Until(end), true, true, 10 * S, t0);
-        plan(m.step(Event::Start, t0, false));
-        plan(m.step(answer(busy(), t0), t0 + MS, false));
+        // The lead attempt registered; the attempt after the block was refused.
+        assert!(plan(m.step(Event::Start, t0, false)).lead);
         let refused = Error::new(ErrorKind::Server, "OOM command not allowed");
         match m.step(Event::Attempted(Err(refused)), t0 + 10 * MS, false) {
             Action::GiveBack {
@@ -869,7 +909,6 @@ mod tests {
         }
         let mut m = machine(Wait::Until(end), true, true, 10 * S, t0);
         plan(m.step(Event::Start, t0, false));
-        plan(m.step(answer(busy(), t0), t0 + MS, false));
         let cutoff = m.cutoff().unwrap();
         let refused = Error::new(ErrorKind::Server, "OOM command not allowed");
         match m.step(Event::Attempted(Err(refused)), cutoff - 5 * MS, false) {
@@ -907,10 +946,16 @@ mod tests {
     fn a_waiter_registers_blocks_and_takes_its_grant() {
         let t0 = Instant::now();
         let mut m = machine(Wait::Until(t0 + 10 * S), true, true, 10 * S, t0);
+        // The first attempt, its block and the attempt after it go in one write.
         let p = plan(m.step(Event::Start, t0, false));
-        assert_eq!(p.mode, Mode::Waiter);
+        assert!(p.lead);
+        assert_eq!(p.mode, Mode::AfterBlock);
+        assert_eq!(p.lane, Lane::Blocking);
         assert_eq!(p.retry_until, Some(t0 + 10 * S));
+        assert!(p.block.is_some());
+        // Still held after the block: registered, it blocks again (without a lead).
         let p = plan(m.step(answer(busy(), t0), t0 + MS, false));
+        assert!(!p.lead);
         assert_eq!(p.mode, Mode::AfterBlock);
         assert_eq!(p.lane, Lane::Blocking);
         let block = p.block.expect("a block");
@@ -924,13 +969,37 @@ mod tests {
     }
 
     #[test]
+    fn a_first_attempt_without_a_blocking_connection_goes_on_its_own_at_once() {
+        let t0 = Instant::now();
+        let mut m = machine(Wait::Until(t0 + 10 * S), true, true, 10 * S, t0);
+        assert!(plan(m.step(Event::Start, t0, false)).lead);
+        let p = plan(m.step(Event::NoBlockingConnection, t0, false));
+        assert!(!p.lead);
+        assert_eq!(p.mode, Mode::Waiter);
+        assert_eq!(p.block, None);
+        assert_eq!(p.lane, Lane::Caller(t0 + 100 * MS));
+    }
+
+    #[test]
+    fn a_lead_write_whose_reply_is_lost_is_withdrawn() {
+        let t0 = Instant::now();
+        let mut m = machine(Wait::Until(t0 + 10 * S), true, true, 10 * S, t0);
+        assert!(plan(m.step(Event::Start, t0, false)).lead);
+        let cancelled = Error::new(ErrorKind::Cancelled, "cancelled").sent();
+        match m.step(Event::Attempted(Err(cancelled)), t0 + 50 * MS, true) {
+            Action::GiveBack { token, .. } => assert_eq!(token, "t1"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn every_block_is_cut_to_the_wait_and_the_last_one_withdraws() {
         let t0 = Instant::now();
         let end = t0 + 300 * MS;
         let mut m = machine(Wait::Until(end), true, true, 10 * S, t0);
-        plan(m.step(Event::Start, t0, false));
-        let p = plan(m.step(answer(busy(), t0), t0 + MS, false));
-        assert_eq!(p.block, Some(299 * MS));
+        let p = plan(m.step(Event::Start, t0, false));
+        assert!(p.lead);
+        assert_eq!(p.block, Some(300 * MS));
         assert_eq!(
             p.mode,
             Mode::Last,
@@ -946,11 +1015,12 @@ mod tests {
     #[test]
     fn a_refusal_near_the_end_of_a_wait_is_tried_again_only_within_it() {
         let t0 = Instant::now();
-        let end = t0 + 200 * MS;
+        let end = t0 + 2 * S;
         let mut m = machine(Wait::Until(end), true, true, 10 * S, t0);
         plan(m.step(Event::Start, t0, false));
+        plan(m.step(answer(busy(), t0), t0 + MS, false));
         let tryagain = || Error::new(ErrorKind::Server, "TRYAGAIN").refused();
-        let until = match m.step(Event::Attempted(Err(tryagain())), t0 + 150 * MS, false) {
+        let until = match m.step(Event::Attempted(Err(tryagain())), end - 50 * MS, false) {
             Action::Pause { until } => until,
             other => panic!("{other:?}"),
         };
@@ -962,7 +1032,16 @@ mod tests {
             p.retry_until, None,
             "the last attempt is not retried by the backend"
         );
+        // Registered: withdrawn, then the refusal is the outcome.
         match m.step(Event::Attempted(Err(tryagain())), until + MS, false) {
+            Action::GiveBack { background, .. } => assert!(!background),
+            other => panic!("{other:?}"),
+        }
+        match m.step(
+            Event::GaveBack(Some(Ok(ReleaseReply::NotHeld))),
+            until + 2 * MS,
+            false,
+        ) {
             Action::Done(Err(e)) => assert!(e.refused_for_now()),
             other => panic!("{other:?}"),
         }
@@ -1031,7 +1110,7 @@ mod tests {
             p.token, "t1",
             "an attempt under a token whose give-back may still land"
         );
-        assert_eq!(p.mode, Mode::Waiter, "the fresh token registers afresh");
+        assert!(p.lead, "the fresh token registers afresh");
     }
 
     /// The Redlock case of the protocol-core issue: a deployment that cannot block may hold

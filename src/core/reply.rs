@@ -23,6 +23,10 @@ pub(crate) enum Mode {
     /// As [`Mode::AfterBlock`], but the waiter's wait is over: withdraws its registration
     /// if the lock is still held.
     Last,
+    /// A waiter's first attempt, pipelined ahead of its first block (and the attempt after
+    /// it): registers as [`Mode::Waiter`] does, and when it takes the lock wakes the block
+    /// through the waiter's own wake list.
+    Lead,
 }
 
 impl Mode {
@@ -33,12 +37,13 @@ impl Mode {
             Mode::Waiter => 1,
             Mode::AfterBlock => 2,
             Mode::Last => 3,
+            Mode::Lead => 4,
         }
     }
 
     /// Whether a waiter in this mode still waits afterwards (its registration stays).
     pub fn keeps_waiting(self) -> bool {
-        matches!(self, Mode::Waiter | Mode::AfterBlock)
+        matches!(self, Mode::Waiter | Mode::AfterBlock | Mode::Lead)
     }
 }
 

@@ -13,21 +13,31 @@ use crate::protocol::Hold;
 
 /// The calls of one attempt: a block on the wake list for `block` first (the attempt then
 /// runs the moment the block returns), the kind's acquire script, and `WAIT` when replicas
-/// must acknowledge. `clock_us`: the client's estimate of the server's clock (see
-/// [`crate::core::server_time`]).
+/// must acknowledge. With `lead` (a waiter's first attempt, [`Mode::Lead`]) an attempt goes
+/// ahead of the block, which then also watches the waiter's own wake list (first), where
+/// that attempt leaves a wake-up when it takes the lock. `clock_us`: the client's estimate
+/// of the server's clock (see [`crate::core::server_time`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attempt(
     hold: Hold<'_>,
     ttl: Duration,
     mode: Mode,
     grace: Duration,
     block: Option<Duration>,
+    lead: bool,
     replicas: Option<Replicas>,
     clock_us: u64,
 ) -> Vec<Call> {
-    let Hold { kind, keys, .. } = hold;
-    let mut calls = Vec::with_capacity(3);
+    let Hold {
+        kind, keys, token, ..
+    } = hold;
+    let mut calls = Vec::with_capacity(4);
     if let Some(block) = block {
         let mut blpop = redis::cmd("BLPOP");
+        if lead {
+            calls.push(attempt_script(hold, ttl, Mode::Lead, grace, clock_us));
+            blpop.arg(keys.own_wake(token));
+        }
         blpop
             .arg(kind.wake_list(keys))
             .arg(format!("{:.3}", block.as_secs_f64()));
@@ -58,16 +68,30 @@ pub(crate) fn attempt_script(
     )
 }
 
-/// Reads the replies of [`attempt`]'s calls (`blocked`: a block went first), written at
-/// `sent_at`.
+/// Reads the replies of [`attempt`]'s calls (`blocked`: a block went first, `lead`: with an
+/// attempt ahead of it), written at `sent_at`. A lead attempt that took the lock is the
+/// answer (the attempt after the block found the key already under the token).
 ///
 /// Errors: the server's error (also one answering the block), or a reply of another shape.
 pub(crate) fn read_attempt(
-    values: Vec<Value>,
+    mut values: Vec<Value>,
     blocked: bool,
+    lead: bool,
     replicas: Option<Replicas>,
     sent_at: Instant,
 ) -> Result<Answer<AttemptReply>> {
+    if lead && blocked && !values.is_empty() {
+        let first = reply::attempt(Some(values.remove(0)))?;
+        if !matches!(first, AttemptReply::Busy { .. }) {
+            let wait = replicas.and_then(|_| values.pop());
+            let unacknowledged = replicas.and_then(|r| r.shortfall(wait, "acquiring"));
+            return Ok(Answer {
+                reply: first,
+                sent_at,
+                unacknowledged,
+            });
+        }
+    }
     answer(
         values,
         blocked,

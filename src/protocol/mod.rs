@@ -60,6 +60,8 @@ pub(crate) struct AttemptRequest<'a> {
     pub grace: Duration,
     /// Block on the wake list this long first, the attempt pipelined behind the block.
     pub block: Option<Duration>,
+    /// A waiter's first attempt goes ahead of the block (see [`calls::attempt`]).
+    pub lead: bool,
     pub exec: Exec<'a>,
     pub replicas: Option<Replicas>,
 }

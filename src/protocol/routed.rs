@@ -70,6 +70,7 @@ impl LockServer for Routed {
             request.mode,
             request.grace,
             request.block,
+            request.lead,
             request.replicas,
             clock,
         );
@@ -82,6 +83,7 @@ impl LockServer for Routed {
         let answer = calls::read_attempt(
             replies.values,
             request.block.is_some(),
+            request.lead,
             request.replicas,
             sent,
         )?;
@@ -204,6 +206,7 @@ mod tests {
                 mode: Mode::Once,
                 grace: Duration::from_secs(1),
                 block: None,
+                lead: false,
                 exec,
                 replicas: None,
             };

@@ -204,6 +204,8 @@ pub(crate) enum Pending {
     Attempt {
         request: Request,
         blocked: bool,
+        /// A lead attempt went ahead of the block.
+        lead: bool,
     },
     Extend(Request),
     GiveBack(Request),

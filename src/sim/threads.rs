@@ -121,6 +121,7 @@ impl World {
             Pending::Attempt {
                 request: Request::One(id),
                 blocked,
+                ..
             } => {
                 self.abandon(id);
                 if blocked {
@@ -275,6 +276,7 @@ impl World {
                         plan.mode,
                         self.grace(),
                         plan.block,
+                        plan.lead,
                         acq.replicas,
                         clock,
                     );
@@ -292,7 +294,11 @@ impl World {
                         deadline,
                     ))
                 };
-                acq.pending = Pending::Attempt { request, blocked };
+                acq.pending = Pending::Attempt {
+                    request,
+                    blocked,
+                    lead: plan.lead,
+                };
             }
             Action::Extend { token, ttl, cutoff } => {
                 let (kind, keys, token) = hold(&token);
@@ -475,11 +481,13 @@ impl World {
             Op::Acquiring(mut acq) => {
                 let pending = std::mem::replace(&mut acq.pending, Pending::Nothing);
                 match pending {
-                    Pending::Attempt { request, blocked } if Self::answers(&request, id) => {
-                        // The attempt's script ran after the block, if there was one.
-                        let ran_at = times.get(usize::from(blocked)).copied();
+                    Pending::Attempt {
+                        request,
+                        blocked,
+                        lead,
+                    } if Self::answers(&request, id) => {
                         self.attempt_answered(
-                            client, task, acq, request, blocked, id, ran_at, answer,
+                            client, task, acq, request, blocked, lead, id, times, answer,
                         );
                     }
                     Pending::Extend(mut request) if Self::answers(&request, id) => {
@@ -611,8 +619,9 @@ impl World {
         mut acq: Box<Acquiring>,
         mut request: Request,
         blocked: bool,
+        lead: bool,
         id: ReqId,
-        ran_at: Option<Micros>,
+        times: &[Micros],
         answer: Answered,
     ) {
         if let Request::One(_) = request {
@@ -621,7 +630,20 @@ impl World {
             }
             let event = match answer {
                 Ok((values, sent_at)) => {
-                    let read = calls::read_attempt(values, blocked, acq.replicas, sent_at);
+                    // The script that answers: the lead attempt when it took the lock, else
+                    // the one after the block (if there was one).
+                    let lead_took = lead
+                        && values.first().is_some_and(|v| {
+                            crate::core::reply::attempt(Some(v.clone()))
+                                .is_ok_and(|r| !matches!(r, AttemptReply::Busy { .. }))
+                        });
+                    let script = match (lead, lead_took) {
+                        (true, true) => 0,
+                        (true, false) => 2,
+                        (false, _) => usize::from(blocked),
+                    };
+                    let ran_at = times.get(script).copied();
+                    let read = calls::read_attempt(values, blocked, lead, acq.replicas, sent_at);
                     // When the server last saw the lock held for this acquisition (a
                     // re-entry joins a hold its owner took earlier).
                     if let Ok(Answer {
@@ -653,7 +675,11 @@ impl World {
             return self.step(client, task, acq, event);
         }
         let Some(round) = Self::round_answer(&mut request, id, answer) else {
-            acq.pending = Pending::Attempt { request, blocked };
+            acq.pending = Pending::Attempt {
+                request,
+                blocked,
+                lead,
+            };
             *self.op(client, task) = Op::Acquiring(acq);
             return;
         };
@@ -662,7 +688,8 @@ impl World {
             .iter()
             .map(|a| match a {
                 Some(Ok(values)) => {
-                    calls::read_attempt(values.clone(), false, None, round.started).map(|a| a.reply)
+                    calls::read_attempt(values.clone(), false, false, None, round.started)
+                        .map(|a| a.reply)
                 }
                 Some(Err(e)) => Err(e.clone()),
                 None => Err(Error::new(ErrorKind::Timeout, "no reply").sent()),
