@@ -111,6 +111,7 @@ impl Connector {
             pending: 0,
             process: process::generation(),
             addr: self.addr.clone(),
+            scripts: Vec::new(),
         };
         self.log_in(&mut conn, deadline)?;
         Ok(conn)
@@ -441,6 +442,8 @@ pub(crate) struct Connection {
     process: u64,
     /// The server's address, for messages.
     addr: Addr,
+    /// Scripts this connection's server was seen to have cached (by their SHA1).
+    scripts: Vec<&'static str>,
 }
 
 /// Reads from the connection for the parser, waiting until `deadline` and resuming after
@@ -486,6 +489,24 @@ impl Read for DeadlineReader<'_> {
 }
 
 impl Connection {
+    /// Whether this connection's server answered a script of this SHA1 without `NOSCRIPT`
+    /// (and has not answered `NOSCRIPT` since).
+    pub fn knows_script(&self, sha: &str) -> bool {
+        self.scripts.contains(&sha)
+    }
+
+    /// Records whether the server had the script cached, from a reply to it.
+    pub fn script_seen(&mut self, sha: &'static str, cached: bool) {
+        let known = self.scripts.iter().position(|s| *s == sha);
+        match (known, cached) {
+            (None, true) => self.scripts.push(sha),
+            (Some(i), false) => {
+                self.scripts.swap_remove(i);
+            }
+            _ => {}
+        }
+    }
+
     /// Writes a packed request of `replies` commands before `deadline`. On failure the
     /// connection is broken and the error marked sent (some bytes may have gone out).
     pub fn send(&mut self, packed: &[u8], replies: usize, deadline: Instant) -> Result<()> {

@@ -70,6 +70,11 @@ impl Call {
         }
     }
 
+    /// The SHA1 of the script this call runs by `EVALSHA`, if it does.
+    pub fn script_sha(&self) -> Option<&'static str> {
+        self.script.map(|(lua, _)| lua.sha.as_str())
+    }
+
     /// The packed request.
     pub fn packed(&self) -> &[u8] {
         &self.packed

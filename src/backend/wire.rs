@@ -19,10 +19,22 @@ pub(crate) fn run_calls(conn: &mut Connection, calls: &[Call], how: &Exec<'_>) -
 }
 
 /// The first half of [`run_calls`]: writes the request; returns when it was written.
+///
+/// A script ahead of a blocking call goes as `EVAL` unless this connection's server was
+/// seen to have it cached: the block runs whatever the script's reply, so a script
+/// answered `NOSCRIPT` there (after a restart or `SCRIPT FLUSH`) would leave a waiter
+/// blocked unregistered for its whole block.
 pub(crate) fn send_calls(conn: &mut Connection, calls: &[Call], how: &Exec<'_>) -> Result<Instant> {
     let mut packed = Vec::with_capacity(calls.iter().map(|c| c.packed().len()).sum());
-    for call in calls {
-        packed.extend_from_slice(call.packed());
+    let last_block = calls.iter().rposition(|c| c.block().is_some());
+    for (i, call) in calls.iter().enumerate() {
+        let ahead_of_block = last_block.is_some_and(|b| i < b);
+        match call.script_sha() {
+            Some(sha) if ahead_of_block && !conn.knows_script(sha) => {
+                packed.extend_from_slice(&call.as_eval())
+            }
+            _ => packed.extend_from_slice(call.packed()),
+        }
     }
     let sent_at = Instant::now();
     let deadline = sent_at + how.io;
@@ -43,6 +55,11 @@ pub(crate) fn finish_calls(
 ) -> Result<Replies> {
     let cut = |t: Instant| how.cutoff.map_or(t, |c| t.min(c));
     let mut values = read_replies(conn, calls, sent_at, how)?;
+    for (call, value) in calls.iter().zip(&values) {
+        if let Some(sha) = call.script_sha() {
+            conn.script_seen(sha, !is_noscript(value));
+        }
+    }
     if let Some(first) = values.iter().position(is_noscript) {
         let again = &calls[first..];
         let mut packed = Vec::new();

@@ -11,7 +11,7 @@
 //! base instant plus each client's own view of the virtual time, whose rate may drift.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -135,6 +135,9 @@ pub(crate) struct World {
     pub clients: Vec<Client>,
     pub sent: BTreeMap<ReqId, Sent>,
     next_request: ReqId,
+    /// (client, server, SHA1): scripts a client saw a server answer without `NOSCRIPT`, as
+    /// the runtime's connections remember them (forgotten when the server restarts).
+    known_scripts: BTreeSet<(usize, usize, Vec<u8>)>,
     /// Events of paused clients, in the order they happened.
     deferred: Vec<Vec<Event>>,
     /// The instant virtual time 0 stands for.
@@ -213,6 +216,7 @@ impl World {
             clients,
             sent: BTreeMap::new(),
             next_request: 1,
+            known_scripts: BTreeSet::new(),
             deferred,
             base: Instant::now(),
             trace,
@@ -374,6 +378,7 @@ impl World {
             .map(|(id, _)| *id)
             .collect();
         self.servers[server].restart();
+        self.known_scripts.retain(|(_, s, _)| *s != server);
         // Requests it was running (blocked) lose their connection.
         for id in open {
             let after = self.rng.u64(0..1_000);
@@ -456,6 +461,25 @@ impl World {
     ) -> ReqId {
         let id = self.next_request;
         self.next_request += 1;
+        // As the runtime's wire does: a script ahead of a block goes as EVAL unless the
+        // server was seen to have it cached.
+        let last_block = commands
+            .iter()
+            .rposition(|c| c.first().is_some_and(|c| c == b"BLPOP"));
+        let commands: Vec<Vec<Vec<u8>>> = commands
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| match c.get(1) {
+                Some(sha)
+                    if c[0] == b"EVALSHA"
+                        && last_block.is_some_and(|b| i < b)
+                        && !self.known_scripts.contains(&(client, server, sha.clone())) =>
+                {
+                    evaluated(&c)
+                }
+                _ => c,
+            })
+            .collect();
         let fate = self.fate(server);
         let conn = self.servers[server].connect();
         let sent_local = self.local(client);
@@ -640,6 +664,21 @@ impl World {
         }
         let replies = sent.replies.clone().unwrap_or_default();
         let sent_local = sent.sent_local;
+        let (client, server) = (sent.client, sent.server);
+        let seen: Vec<(Vec<u8>, bool)> = sent
+            .commands
+            .iter()
+            .zip(&replies)
+            .filter(|(c, _)| c.first().is_some_and(|c| c == b"EVALSHA"))
+            .filter_map(|(c, r)| Some((c.get(1)?.clone(), !is_noscript(r))))
+            .collect();
+        for (sha, cached) in seen {
+            if cached {
+                self.known_scripts.insert((client, server, sha));
+            } else {
+                self.known_scripts.remove(&(client, server, sha));
+            }
+        }
         if let Some(first) = replies.iter().position(is_noscript) {
             // As the runtime's wire does: the calls from the first answered NOSCRIPT are
             // sent again as EVAL, on the same connection; their replies replace those.

@@ -42,6 +42,37 @@ fn a_waiter_is_woken_by_the_release() {
     assert!(second > first);
 }
 
+/// After `SCRIPT FLUSH` (or a restart), a waiter's first attempt, written ahead of its
+/// block, still registers it before the block: the release hands the lock over, where a
+/// waiter blocked unregistered would sit out its whole block.
+#[test]
+fn a_waiter_blocking_after_a_script_flush_is_registered_and_handed_the_lock() {
+    let server = RedisServer::start();
+    let holder = client(&server.url()).lock("flushed").try_acquire().unwrap();
+    let _: String = server.cmd(&["SCRIPT", "FLUSH"]);
+    let waiter = {
+        let client = client(&server.url());
+        std::thread::spawn(move || {
+            client
+                .lock("flushed")
+                .acquire_timeout(Duration::from_secs(20))
+                .map(|g| g.fencing_token())
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") > 0));
+    let queued: i64 = server.cmd(&["ZCARD", "redlease:queue:{flushed}"]);
+    assert_eq!(queued, 1, "the waiter blocked without being registered");
+    let wakes = server.calls("rpush");
+    let first = holder.fencing_token();
+    holder.release().unwrap();
+    let second = within(Duration::from_secs(30), move || waiter.join().unwrap()).unwrap();
+    assert!(second > first);
+    assert!(
+        server.calls("rpush") > wakes,
+        "the release found no waiter to hand the lock to"
+    );
+}
+
 #[test]
 fn a_waiter_gets_the_lock_when_a_crashed_holder_expires() {
     let server = RedisServer::start();
