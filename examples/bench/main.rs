@@ -11,7 +11,7 @@
 //! cargo run --release --example bench -- [--duration S] [--reps N] [--threads N]
 //!     [--cs-ms 0,1] [--redlock 3,5|none] [--w3-locks 1000,10000] [--w3-secs S]
 //!     [--sem-permits N] [--sem-threads N] [--python PYTHON|none]
-//!     [--only w1,w2,w3,sem] [--url URL | --cluster] [--smoke]
+//!     [--only w1,w2,sem,rw,w3] [--url URL | --cluster] [--smoke]
 //! ```
 //! Starts its own redis-server (and, for `--redlock`, its own independent primaries; for
 //! `--cluster`, its own 3-primary cluster) unless `--url` (or `REDIS_URL`) names one.
@@ -21,6 +21,7 @@ mod support;
 
 mod python;
 mod report;
+mod rw;
 mod sem;
 mod w1;
 mod w2;
@@ -375,6 +376,9 @@ fn main() {
     }
     if bench.wanted("sem") {
         sem::run(&bench);
+    }
+    if bench.wanted("rw") {
+        rw::run(&bench);
     }
     if bench.wanted("w3") {
         w3::run(&bench);

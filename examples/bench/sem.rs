@@ -66,7 +66,7 @@ fn ours(bench: &Bench, client: &Client, cs: Duration) -> crate::w2::Contended {
         bench,
         bench.cfg.sem_threads,
         cs,
-        &["evalsha", "eval", "blpop"],
+        crate::w2::LIBRARY_COMMANDS,
         |_| {
             let client = client.clone();
             let name = name.clone();

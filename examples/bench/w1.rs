@@ -1,7 +1,8 @@
 //! W1, uncontended: one thread, sequential acquire + release on one key. The floor, the
 //! Rust API and the C ABI are measured in alternating slices of 200 ms, so that the
 //! machine's drift hits them alike; then, likewise, the floor, the Rust API and Redlock over
-//! 3 and 5 independent primaries. Python runs in a process of its own, with the floor
+//! 3 and 5 independent primaries, each beside its N-node floor (both commands written to
+//! every member before any reply is read). Python runs in a process of its own, with the floor
 //! measured right before and after it.
 
 use std::ffi::CString;
@@ -47,6 +48,49 @@ pub(crate) fn floor_cycle(bench: &Bench) -> impl FnMut() + use<> {
 /// The floor's mean cycle time (µs) over the configured duration.
 pub(crate) fn floor_us(bench: &Bench) -> f64 {
     timed_loop(bench.cfg.duration, &mut floor_cycle(bench))
+}
+
+/// The N-node floor for Redlock: `SET NX PX` written to every member before any reply is
+/// read, then the release script likewise: two round trips to the slowest member, the
+/// least a quorum protocol can cost.
+fn nodes_floor_cycle(urls: &[String]) -> impl FnMut() + use<> {
+    let mut conns: Vec<redis::Connection> = urls
+        .iter()
+        .map(|u| {
+            redis::Client::open(u.as_str())
+                .and_then(|c| c.get_connection())
+                .unwrap_or_else(|e| panic!("connect to {u}: {e}"))
+        })
+        .collect();
+    let script = redis::Script::new(RELEASE_LUA);
+    let sha = script.get_hash().to_owned();
+    for conn in &mut conns {
+        let _: String = script.prepare_invoke().load(conn).expect("load");
+    }
+    let key = format!("{TAG}:nodesfloor");
+    let set = redis::cmd("SET")
+        .arg(&key)
+        .arg("tok")
+        .arg("NX")
+        .arg("PX")
+        .arg(30000)
+        .get_packed_command();
+    let del = redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(1)
+        .arg(&key)
+        .arg("tok")
+        .get_packed_command();
+    move || {
+        for packed in [&set, &del] {
+            for conn in &mut conns {
+                conn.send_packed_command(packed).expect("send");
+            }
+            for conn in &mut conns {
+                let _ = conn.recv_response().expect("reply");
+            }
+        }
+    }
 }
 
 /// A cycle of the Rust API on `client`.
@@ -121,6 +165,11 @@ pub(crate) fn run(bench: &Bench) {
         let urls: Vec<String> = primaries[..n].iter().map(|s| s.url()).collect();
         let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
         let redlock = Client::redlock(&urls, ClientOptions::default()).expect("redlock client");
+        let owned: Vec<String> = urls.iter().map(|u| u.to_string()).collect();
+        redlock_variants.push(Variant::new(
+            &format!("nodes_floor_{n}"),
+            Box::new(nodes_floor_cycle(&owned)),
+        ));
         redlock_variants.push(Variant::new(
             &format!("redlock_{n}"),
             Box::new(rust_cycle(redlock, format!("{TAG}:w1redlock"))),
@@ -143,11 +192,21 @@ pub(crate) fn run(bench: &Bench) {
         if v.name != "floor" {
             json = json.spread(&format!("{}_ratio_to_floor", v.name), Spread::of(&v.ratios));
         }
-        if v.name.starts_with("redlock") {
+        if let Some(n) = v.name.strip_prefix("redlock_") {
             json = json.spread(
                 &format!("{}_ratio_to_single_server", v.name),
                 Spread::of(&v.to_single),
             );
+            let floor = variants
+                .iter()
+                .find(|f| f.name == format!("nodes_floor_{n}"));
+            if let Some(floor) = floor {
+                let ratios: Vec<f64> = v.reps.iter().zip(&floor.reps).map(|(a, b)| a / b).collect();
+                json = json.spread(
+                    &format!("{}_ratio_to_nodes_floor", v.name),
+                    Spread::of(&ratios),
+                );
+            }
         }
     }
     json = json

@@ -66,6 +66,11 @@ impl Reps {
     }
 }
 
+/// Every top-level command the library sends for a lock (counted as its requests).
+pub(crate) const LIBRARY_COMMANDS: &[&str] = &[
+    "evalsha", "eval", "blpop", "mget", "get", "set", "del", "lpush", "rpush", "time",
+];
+
 /// Runs `threads` contenders for the configured duration. `make(i)` returns thread i's
 /// cycle: acquire, call `acquired` (which runs the critical section), release. `commands`
 /// are the top-level commands counted as requests.
@@ -190,7 +195,7 @@ pub(crate) fn alternate(
 }
 
 /// The W2 floor: threads polling `SET NX PX` every 1 ms, releasing with EVALSHA.
-fn floor(bench: &Bench, cs: Duration) -> Contended {
+pub(crate) fn floor(bench: &Bench, cs: Duration) -> Contended {
     let script = redis::Script::new(RELEASE_LUA);
     let sha = script.get_hash().to_owned();
     let _: String = script
@@ -229,21 +234,15 @@ fn floor(bench: &Bench, cs: Duration) -> Contended {
 
 fn ours(bench: &Bench, client: &Client, cs: Duration) -> Contended {
     let name = format!("{TAG}:w2");
-    contend(
-        bench,
-        bench.cfg.threads,
-        cs,
-        &["evalsha", "eval", "blpop"],
-        |_| {
-            let client = client.clone();
-            let name = name.clone();
-            move |acquired: &mut dyn FnMut()| {
-                let guard = client.lock(&name).acquire().expect("acquire");
-                acquired();
-                guard.release().expect("release");
-            }
-        },
-    )
+    contend(bench, bench.cfg.threads, cs, LIBRARY_COMMANDS, |_| {
+        let client = client.clone();
+        let name = name.clone();
+        move |acquired: &mut dyn FnMut()| {
+            let guard = client.lock(&name).acquire().expect("acquire");
+            acquired();
+            guard.release().expect("release");
+        }
+    })
 }
 
 pub(crate) fn run(bench: &Bench) {

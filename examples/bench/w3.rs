@@ -220,6 +220,7 @@ fn run_one(bench: &Bench, locks: usize) {
     let period_ms = TTL.as_secs_f64() * 1000.0 / 3.0;
     let slice = (window / slices as u32).min(Duration::from_secs(5));
     let bare = bare_threads(locks, slices, slice);
+    let to_reference: Vec<f64> = ours_pct.iter().zip(&bare).map(|(o, b)| o / b).collect();
     let bare_ratio: Vec<f64> = bare.iter().zip(&floor_pct).map(|(b, f)| b / f).collect();
     println!(
         "{}",
@@ -255,6 +256,7 @@ fn run_one(bench: &Bench, locks: usize) {
             .spread("floor_cpu_percent_of_one_core", Spread::of(&floor_pct))
             .spread("cpu_ratio_to_floor", Spread::of(&ratios))
             .spread("idle_thread_per_lock_cpu_percent", Spread::of(&bare))
+            .spread("cpu_ratio_to_reference", Spread::of(&to_reference))
             .spread(
                 "idle_thread_per_lock_ratio_to_floor",
                 Spread::of(&bare_ratio)

@@ -1,0 +1,165 @@
+"""The README's Performance table, from the JSON lines scripts/perf.sh collected.
+
+Usage: perf_table.py RESULTS.jsonl HEAD BASE REPS DURATION_S W3_SECS
+
+Each line is one workload's JSON object from examples/bench (run with --reps 1), tagged
+with "commit" and "rep". A cell is the median over the reps, with the spread (min-max).
+"""
+
+import datetime
+import json
+import platform
+import subprocess
+import sys
+
+
+def load(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                rows.append(json.loads(line))
+    return rows
+
+
+def values(rows, commit, match, key):
+    out = []
+    for r in rows:
+        if r.get("commit") != commit or not match(r):
+            continue
+        v = r
+        for part in key.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        if key == "cpu_ratio_to_reference":
+            # Older benchmarks give the two figures, not their ratio.
+            ours = r.get("cpu_percent_of_one_core")
+            ref = r.get("idle_thread_per_lock_cpu_percent")
+            v = ours / ref if ours and ref else v
+        if isinstance(v, (int, float)):
+            out.append(float(v))
+    return out
+
+
+def cell(vs, fmt):
+    if not vs:
+        return "-"
+    vs = sorted(vs)
+    med = vs[len(vs) // 2]
+    if len(vs) == 1 or vs[0] == vs[-1]:
+        return fmt.format(med)
+    return f"{fmt.format(med)} [{fmt.format(vs[0])}-{fmt.format(vs[-1])}]"
+
+
+def workload(prefix, **fields):
+    def match(r):
+        w = r.get("workload", "")
+        return w.startswith(prefix) and all(r.get(k) == v for k, v in fields.items())
+
+    return match
+
+
+def ends(prefix, ms):
+    def match(r):
+        w = r.get("workload", "")
+        return w.startswith(prefix) and w.endswith(f" {ms} ms critical section")
+
+    return match
+
+
+def machine():
+    cpu = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    mem = "?"
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) // 1024 // 1024} GB"
+    except OSError:
+        pass
+    redis = subprocess.run(
+        ["redis-server", "--version"], capture_output=True, text=True
+    ).stdout.split()
+    version = next((w[2:] for w in redis if w.startswith("v=")), "?")
+    return f"{cpu}, {cores} cores, {mem}, Linux {platform.release()}, Redis {version}"
+
+
+def main():
+    path, head, base, reps, duration, w3_secs = sys.argv[1:7]
+    rows = load(path)
+    w1 = workload("W1 uncontended")
+    w1py = workload("W1 from Python")
+    w2 = lambda ms: workload(f"W2 contended, 8 threads, {ms} ms")  # noqa: E731
+    w2py = workload("W2 from Python threads")
+    sem = lambda ms: ends("semaphore", ms)  # noqa: E731
+    rw = lambda ms: ends("read-write", ms)  # noqa: E731
+    w3 = lambda n: workload("W3 renewal", locks=n)  # noqa: E731
+
+    lines = [
+        # (label, match, key, format)
+        ("W1 Rust API, cycles/s ÷ floor's", w1, "rust_ratio_to_floor", "inv"),
+        ("W1 C ABI, cycles/s ÷ floor's", w1, "c_abi_ratio_to_floor", "inv"),
+        ("W1 Python, cycles/s ÷ floor's", w1py, "python_ratio_to_floor", "inv"),
+        ("W1 floor cycle, µs", w1, "floor_cycle_us", "{:.0f}"),
+        ("W1 Redlock 3, cycles/s ÷ 3-node floor's", w1, "redlock_3_ratio_to_nodes_floor", "inv"),
+        ("W1 Redlock 5, cycles/s ÷ 5-node floor's", w1, "redlock_5_ratio_to_nodes_floor", "inv"),
+        ("W1 Redlock 3 / 5, cycle ÷ one server's", w1, "redlock_3_ratio_to_single_server", "{:.2f}"),
+        ("", w1, "redlock_5_ratio_to_single_server", "{:.2f}"),
+        ("W2 0 ms, acquisitions/s ÷ floor's", w2(0), "acquisitions_ratio_to_floor", "{:.2f}"),
+        ("W2 0 ms, fairness", w2(0), "redlease.fairness_min_over_max", "{:.2f}"),
+        ("W2 0 ms, server commands per acquisition", w2(0), "redlease.requests_per_acquisition", "{:.1f}"),
+        ("W2 1 ms, acquisitions/s ÷ floor's", w2(1), "acquisitions_ratio_to_floor", "{:.2f}"),
+        ("W2 1 ms, fairness", w2(1), "redlease.fairness_min_over_max", "{:.3f}"),
+        ("W2 Python 0 ms, acquisitions/s", w2py, "acquisitions_per_s", "{:.0f}"),
+        ("Semaphore 0 ms, acquisitions/s ÷ floor's", sem(0), "acquisitions_ratio_to_floor", "{:.2f}"),
+        ("Semaphore 1 ms, acquisitions/s ÷ floor's", sem(1), "acquisitions_ratio_to_floor", "{:.2f}"),
+        ("Read-write 0 ms, acquisitions/s ÷ floor's", rw(0), "acquisitions_ratio_to_floor", "{:.2f}"),
+        ("Read-write 1 ms, acquisitions/s ÷ floor's", rw(1), "acquisitions_ratio_to_floor", "{:.2f}"),
+        ("W3 200 locks, CPU ÷ idle thread-per-lock", w3(200), "cpu_ratio_to_reference", "{:.2f}"),
+        ("W3 200 locks, renewal lateness p99, ms", w3(200), "renewal_lateness_p99_ms", "{:.0f}"),
+        ("W3 1000 locks, CPU ÷ idle thread-per-lock", w3(1000), "cpu_ratio_to_reference", "{:.2f}"),
+        ("W3 1000 locks, renewal lateness p99, ms", w3(1000), "renewal_lateness_p99_ms", "{:.0f}"),
+        ("W3 1000 locks, locks lost", w3(1000), "lost", "{:.0f}"),
+    ]
+    out = [
+        f"Measured {datetime.date.today().isoformat()} by `scripts/perf.sh` ({reps} reps of "
+        f"{duration} s per figure, W3 held {w3_secs} s), on {machine()}; release build, "
+        "loopback TCP. Each figure is the median over the reps with the spread [min-max]; "
+        "a ratio compares the library with its floor measured in the same process, moments "
+        "apart (higher is better for /s, lower for CPU and lateness).",
+        "",
+        f"| figure | `{head}` | `{base}` (earlier commit, same run) |",
+        "| --- | --- | --- |",
+    ]
+    for label, match, key, fmt in lines:
+        cells = []
+        for commit in (head, base):
+            vs = values(rows, commit, match, key)
+            if fmt == "inv":
+                # The benchmark gives cycle time ÷ the floor's; a rate ratio is its inverse.
+                vs = [1.0 / v for v in vs if v > 0]
+                fmt_ = "{:.2f}"
+            else:
+                fmt_ = fmt
+            cells.append(cell(vs, fmt_))
+        if label == "":
+            # The second half of a "3 / 5" row.
+            prev = out.pop()
+            parts = prev.split(" | ")
+            out.append(
+                f"{parts[0]} | {parts[1]} / {cells[0]} | {parts[2].rstrip(' |')} / {cells[1]} |"
+            )
+            continue
+        out.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
