@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use redlease::Client;
 
-use crate::report::{Json, Spread};
-use crate::w2::{LIBRARY_COMMANDS, alternate, contend, floor};
+use crate::w2::{LIBRARY_COMMANDS, contend, floor, run_against_floor};
 use crate::{Bench, TAG};
 
 fn ours(bench: &Bench, client: &Client, cs: Duration) -> crate::w2::Contended {
@@ -27,27 +26,11 @@ fn ours(bench: &Bench, client: &Client, cs: Duration) -> crate::w2::Contended {
 
 pub(crate) fn run(bench: &Bench) {
     let client = Client::open(&bench.url).expect("client");
-    for &cs_ms in &bench.cfg.cs_ms {
-        let cs = Duration::from_millis(cs_ms);
-        let (floors, mine, ratios) = alternate(
-            bench.cfg.reps,
-            || floor(bench, cs),
-            || ours(bench, &client, cs),
-        );
-        println!(
-            "{}",
-            Json::default()
-                .str(
-                    "workload",
-                    &format!(
-                        "read-write lock, write side, {} threads, {cs_ms} ms critical section",
-                        bench.cfg.threads
-                    )
-                )
-                .obj("floor_polling_1ms", floors.json())
-                .obj("redlease", mine.json())
-                .spread("acquisitions_ratio_to_floor", Spread::of(&ratios))
-                .render()
-        );
-    }
+    let workload = format!("read-write lock, write side, {} threads", bench.cfg.threads);
+    run_against_floor(
+        bench,
+        &workload,
+        |cs| floor(bench, cs),
+        |cs| ours(bench, &client, cs),
+    );
 }

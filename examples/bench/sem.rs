@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use redlease::Client;
 
-use crate::report::{Json, Spread};
-use crate::w2::{alternate, contend};
+use crate::w2::{contend, run_against_floor};
 use crate::{Bench, TAG};
 
 const ACQUIRE_LUA: &str = "local t = redis.call('TIME') \
@@ -81,27 +80,14 @@ fn ours(bench: &Bench, client: &Client, cs: Duration) -> crate::w2::Contended {
 
 pub(crate) fn run(bench: &Bench) {
     let client = Client::open(&bench.url).expect("client");
-    for &cs_ms in &bench.cfg.cs_ms {
-        let cs = Duration::from_millis(cs_ms);
-        let (floors, mine, ratios) = alternate(
-            bench.cfg.reps,
-            || floor(bench, cs),
-            || ours(bench, &client, cs),
-        );
-        println!(
-            "{}",
-            Json::default()
-                .str(
-                    "workload",
-                    &format!(
-                        "semaphore, {} permits, {} threads, {cs_ms} ms critical section",
-                        bench.cfg.sem_permits, bench.cfg.sem_threads
-                    )
-                )
-                .obj("floor_polling_1ms", floors.json())
-                .obj("redlease", mine.json())
-                .spread("acquisitions_ratio_to_floor", Spread::of(&ratios))
-                .render()
-        );
-    }
+    let workload = format!(
+        "semaphore, {} permits, {} threads",
+        bench.cfg.sem_permits, bench.cfg.sem_threads
+    );
+    run_against_floor(
+        bench,
+        &workload,
+        |cs| floor(bench, cs),
+        |cs| ours(bench, &client, cs),
+    );
 }

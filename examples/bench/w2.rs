@@ -194,6 +194,32 @@ pub(crate) fn alternate(
     (floors, mine, ratios)
 }
 
+/// For each configured critical section: `floor` and `ours` in alternating reps, printed
+/// as one JSON object named `workload` + ", N ms critical section".
+pub(crate) fn run_against_floor(
+    bench: &Bench,
+    workload: &str,
+    floor: impl Fn(Duration) -> Contended,
+    ours: impl Fn(Duration) -> Contended,
+) {
+    for &cs_ms in &bench.cfg.cs_ms {
+        let cs = Duration::from_millis(cs_ms);
+        let (floors, mine, ratios) = alternate(bench.cfg.reps, || floor(cs), || ours(cs));
+        println!(
+            "{}",
+            Json::default()
+                .str(
+                    "workload",
+                    &format!("{workload}, {cs_ms} ms critical section")
+                )
+                .obj("floor_polling_1ms", floors.json())
+                .obj("redlease", mine.json())
+                .spread("acquisitions_ratio_to_floor", Spread::of(&ratios))
+                .render()
+        );
+    }
+}
+
 /// The W2 floor: threads polling `SET NX PX` every 1 ms, releasing with EVALSHA.
 pub(crate) fn floor(bench: &Bench, cs: Duration) -> Contended {
     let script = redis::Script::new(RELEASE_LUA);
