@@ -347,7 +347,8 @@ return 0
 
 /// Helpers of the semaphore and read-write lock scripts: a registration of a waiter (as in
 /// [`ACQUIRE`]), the wake-up a lead attempt (mode 4) that took a hold leaves on its own
-/// wake list (its last key), and the wake-ups a release leaves for blocked waiters.
+/// wake list (its last key), and the wake-ups a release leaves for blocked waiters: added to
+/// those not popped yet (another release's), up to one per live registration.
 const WAITERS: &str = r"
 local function register(queue, token, mode, lives)
   if mode == 3 then
@@ -370,10 +371,10 @@ local function wake(wakeup, queue, count, lives)
     return
   end
   redis.call('ZREMRANGEBYSCORE', queue, '-inf', now_ms())
-  local n = math.min(redis.call('ZCARD', queue), count)
-  if n > 0 then
-    redis.call('DEL', wakeup)
-    for _ = 1, n do
+  local have = redis.call('LLEN', wakeup)
+  local want = math.min(redis.call('ZCARD', queue), have + count)
+  if want > have then
+    for _ = have + 1, want do
       redis.call('RPUSH', wakeup, '1')
     end
     redis.call('PEXPIRE', wakeup, lives)

@@ -57,6 +57,28 @@ fn a_semaphore_admits_at_most_its_permits() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
 }
 
+/// A release adds its wake-up to those no waiter has popped yet: two permits freed before
+/// either of two registered waiters blocks again leave two wake-ups, not one (a waiter
+/// would otherwise sit out its block beside a free permit).
+#[test]
+fn releases_before_a_waiter_wakes_leave_a_wake_up_for_each_freed_permit() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let first = client.semaphore("twice", 2).try_acquire().unwrap();
+    let second = client.semaphore("twice", 2).try_acquire().unwrap();
+    // Two waiters registered, between two blocks (registrations far from lapsing).
+    let far = (u64::MAX >> 12).to_string();
+    let queue = "redlease:queue:{twice}";
+    let _: i64 = server.cmd(&["ZADD", queue, &far, "waiter-a", &far, "waiter-b"]);
+    first.release().unwrap();
+    second.release().unwrap();
+    assert_eq!(server.cmd::<i64>(&["LLEN", "redlease:wakeup:{twice}"]), 2);
+    // Never more wake-ups than registered waiters.
+    let third = client.semaphore("twice", 2).try_acquire().unwrap();
+    third.release().unwrap();
+    assert_eq!(server.cmd::<i64>(&["LLEN", "redlease:wakeup:{twice}"]), 2);
+}
+
 /// A holder killed with SIGKILL frees its permit after its ttl.
 #[test]
 fn a_killed_holders_permit_frees_itself_after_its_ttl() {
