@@ -114,7 +114,7 @@ def main():
         ("", w1, "redlock_5_ratio_to_single_server", "{:.2f}"),
         ("W2 0 ms, acquisitions/s ÷ floor's", w2(0), "acquisitions_ratio_to_floor", "{:.2f}"),
         ("W2 0 ms, fairness", w2(0), "redlease.fairness_min_over_max", "{:.2f}"),
-        ("W2 0 ms, server commands per acquisition", w2(0), "redlease.requests_per_acquisition", "{:.1f}"),
+        ("W2 0 ms, server commands per acquisition", w2(0), "redlease.server_commands_per_acquisition", "{:.1f}"),
         ("W2 1 ms, acquisitions/s ÷ floor's", w2(1), "acquisitions_ratio_to_floor", "{:.2f}"),
         ("W2 1 ms, fairness", w2(1), "redlease.fairness_min_over_max", "{:.3f}"),
         ("W2 Python 0 ms, acquisitions/s", w2py, "acquisitions_per_s", "{:.0f}"),

@@ -152,8 +152,18 @@ impl Bench {
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.node_url))
     }
 
-    /// Top-level calls of `commands` on the node, from INFO commandstats.
+    /// Calls of `commands` on the node, from INFO commandstats (commands a script runs
+    /// included).
     pub(crate) fn calls(&self, commands: &[&str]) -> u64 {
+        self.calls_where(|name| commands.contains(&name))
+    }
+
+    /// Every call on the node but the benchmark's own `INFO`, `CONFIG` and `DBSIZE`.
+    pub(crate) fn all_calls(&self) -> u64 {
+        self.calls_where(|name| name != "info" && name != "dbsize" && !name.starts_with("config"))
+    }
+
+    fn calls_where(&self, wanted: impl Fn(&str) -> bool) -> u64 {
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
             .query(&mut self.conn())
@@ -161,7 +171,7 @@ impl Bench {
         info.lines()
             .filter_map(|l| l.strip_prefix("cmdstat_"))
             .filter_map(|l| l.split_once(":calls="))
-            .filter(|(name, _)| commands.contains(name))
+            .filter(|(name, _)| wanted(name))
             .filter_map(|(_, rest)| rest.split(',').next()?.parse::<u64>().ok())
             .sum()
     }

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use redlease::Client;
 
-use crate::w2::{LIBRARY_COMMANDS, contend, floor, run_against_floor};
+use crate::w2::{contend, floor, run_against_floor};
 use crate::{Bench, TAG};
 
 fn ours(bench: &Bench, client: &Client, cs: Duration) -> crate::w2::Contended {
     let name = format!("{TAG}:rw");
-    contend(bench, bench.cfg.threads, cs, LIBRARY_COMMANDS, |_| {
+    contend(bench, bench.cfg.threads, cs, |_| {
         let client = client.clone();
         let name = name.clone();
         move |acquired: &mut dyn FnMut()| {

@@ -25,57 +25,45 @@ fn floor(bench: &Bench, cs: Duration) -> crate::w2::Contended {
         .expect("load");
     let key = format!("{TAG}:semfloor");
     let permits = bench.cfg.sem_permits;
-    contend(
-        bench,
-        bench.cfg.sem_threads,
-        cs,
-        &["evalsha", "zrem"],
-        |i| {
-            let mut conn = bench.conn();
-            let token = format!("tok-{i}");
-            let (sha, key) = (sha.clone(), key.clone());
-            move |acquired: &mut dyn FnMut()| loop {
-                let ok: i64 = redis::cmd("EVALSHA")
-                    .arg(&sha)
-                    .arg(1)
+    contend(bench, bench.cfg.sem_threads, cs, |i| {
+        let mut conn = bench.conn();
+        let token = format!("tok-{i}");
+        let (sha, key) = (sha.clone(), key.clone());
+        move |acquired: &mut dyn FnMut()| loop {
+            let ok: i64 = redis::cmd("EVALSHA")
+                .arg(&sha)
+                .arg(1)
+                .arg(&key)
+                .arg(&token)
+                .arg(permits)
+                .query(&mut conn)
+                .expect("EVALSHA");
+            if ok == 1 {
+                acquired();
+                let _: i64 = redis::cmd("ZREM")
                     .arg(&key)
                     .arg(&token)
-                    .arg(permits)
                     .query(&mut conn)
-                    .expect("EVALSHA");
-                if ok == 1 {
-                    acquired();
-                    let _: i64 = redis::cmd("ZREM")
-                        .arg(&key)
-                        .arg(&token)
-                        .query(&mut conn)
-                        .expect("ZREM");
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(1));
+                    .expect("ZREM");
+                return;
             }
-        },
-    )
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
 }
 
 fn ours(bench: &Bench, client: &Client, cs: Duration) -> crate::w2::Contended {
     let name = format!("{TAG}:sem");
     let permits = bench.cfg.sem_permits;
-    contend(
-        bench,
-        bench.cfg.sem_threads,
-        cs,
-        crate::w2::LIBRARY_COMMANDS,
-        |_| {
-            let client = client.clone();
-            let name = name.clone();
-            move |acquired: &mut dyn FnMut()| {
-                let permit = client.semaphore(&name, permits).acquire().expect("acquire");
-                acquired();
-                permit.release().expect("release");
-            }
-        },
-    )
+    contend(bench, bench.cfg.sem_threads, cs, |_| {
+        let client = client.clone();
+        let name = name.clone();
+        move |acquired: &mut dyn FnMut()| {
+            let permit = client.semaphore(&name, permits).acquire().expect("acquire");
+            acquired();
+            permit.release().expect("release");
+        }
+    })
 }
 
 pub(crate) fn run(bench: &Bench) {

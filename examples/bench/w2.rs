@@ -1,6 +1,6 @@
 //! W2, contended: threads, one key, blocking acquire, a critical section of a few ms.
-//! Acquisitions/s, fairness (min/max acquisitions per thread), handoff latency, requests
-//! per acquisition (top-level commands, from INFO commandstats), and CPU per acquisition
+//! Acquisitions/s, fairness (min/max acquisitions per thread), handoff latency, server
+//! commands per acquisition (from INFO commandstats, a script's own included), and CPU per acquisition
 //! of this process and of the server. The floor (threads polling `SET NX PX` every 1 ms)
 //! and the library alternate rep by rep. [`contend`] also runs the semaphore workload.
 
@@ -21,7 +21,7 @@ pub(crate) struct Contended {
     pub(crate) fairness: f64,
     pub(crate) p50_us: f64,
     pub(crate) p99_us: f64,
-    pub(crate) requests_per_acquisition: f64,
+    pub(crate) server_commands_per_acquisition: f64,
     pub(crate) client_cpu_us: f64,
     pub(crate) server_cpu_us: f64,
     /// The most holders seen in the critical section at once.
@@ -48,8 +48,8 @@ impl Reps {
             .spread("handoff_p50_us", self.spread(|c| c.p50_us))
             .spread("handoff_p99_us", self.spread(|c| c.p99_us))
             .spread(
-                "requests_per_acquisition",
-                self.spread(|c| c.requests_per_acquisition),
+                "server_commands_per_acquisition",
+                self.spread(|c| c.server_commands_per_acquisition),
             )
             .spread(
                 "client_cpu_us_per_acquisition",
@@ -66,21 +66,10 @@ impl Reps {
     }
 }
 
-/// Every top-level command the library sends for a lock (counted as its requests).
-pub(crate) const LIBRARY_COMMANDS: &[&str] = &[
-    "evalsha", "eval", "blpop", "mget", "get", "set", "del", "lpush", "rpush", "time",
-];
-
 /// Runs `threads` contenders for the configured duration. `make(i)` returns thread i's
-/// cycle: acquire, call `acquired` (which runs the critical section), release. `commands`
-/// are the top-level commands counted as requests.
-pub(crate) fn contend<F, C>(
-    bench: &Bench,
-    threads: usize,
-    cs: Duration,
-    commands: &[&str],
-    make: F,
-) -> Contended
+/// cycle: acquire, call `acquired` (which runs the critical section), release. Every
+/// command the server runs meanwhile counts (a script's own commands included).
+pub(crate) fn contend<F, C>(bench: &Bench, threads: usize, cs: Duration, make: F) -> Contended
 where
     F: Fn(usize) -> C,
     C: FnMut(&mut dyn FnMut()) + Send,
@@ -97,7 +86,7 @@ where
     let counts = Mutex::new(vec![0u64; threads]);
     let barrier = Barrier::new(threads + 1);
     let cycles: Vec<C> = (0..threads).map(&make).collect();
-    let requests_before = bench.calls(commands);
+    let commands_before = bench.all_calls();
     let server_before = bench.server_cpu();
     let mut elapsed = Duration::ZERO;
     let mut client_cpu = 0.0;
@@ -155,7 +144,7 @@ where
         .filter(|w| w[1].0 == w[0].0 + 1)
         .map(|w| (w[1].1 as i64 - w[0].2 as i64) as f64 / 1000.0)
         .collect();
-    let requests = bench.calls(commands).saturating_sub(requests_before);
+    let commands = bench.all_calls().saturating_sub(commands_before);
     let counts = counts.into_inner().unwrap_or_default();
     let total: u64 = counts.iter().sum();
     lat.sort_by(|a, b| a.total_cmp(b));
@@ -166,9 +155,7 @@ where
             / (*counts.iter().max().unwrap_or(&1)).max(1) as f64,
         p50_us: percentile(&lat, 0.5),
         p99_us: percentile(&lat, 0.99),
-        // Minus the INFO calls of the measurement itself: none is counted (INFO is not
-        // among `commands`).
-        requests_per_acquisition: requests as f64 / total.max(1) as f64,
+        server_commands_per_acquisition: commands as f64 / total.max(1) as f64,
         client_cpu_us: per_acquisition(client_cpu),
         server_cpu_us: per_acquisition(server_cpu),
         max_holders: most_inside.load(Ordering::SeqCst),
@@ -229,7 +216,7 @@ pub(crate) fn floor(bench: &Bench, cs: Duration) -> Contended {
         .load(&mut bench.conn())
         .expect("load");
     let key = format!("{TAG}:w2floor");
-    contend(bench, bench.cfg.threads, cs, &["set", "evalsha"], |i| {
+    contend(bench, bench.cfg.threads, cs, |i| {
         let mut conn = bench.conn();
         let token = format!("tok-{i}");
         let (sha, key) = (sha.clone(), key.clone());
@@ -260,7 +247,7 @@ pub(crate) fn floor(bench: &Bench, cs: Duration) -> Contended {
 
 fn ours(bench: &Bench, client: &Client, cs: Duration) -> Contended {
     let name = format!("{TAG}:w2");
-    contend(bench, bench.cfg.threads, cs, LIBRARY_COMMANDS, |_| {
+    contend(bench, bench.cfg.threads, cs, |_| {
         let client = client.clone();
         let name = name.clone();
         move |acquired: &mut dyn FnMut()| {
