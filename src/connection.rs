@@ -618,13 +618,23 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         // A forked child closes only its copy of the descriptor (done by Socket's drop);
-        // it must not send a TLS close_notify on the parent's session.
-        if self.process == process::generation() {
-            if let Io::Tls(t) = &mut self.io {
+        // it must not send a TLS close_notify on the parent's session, nor end it.
+        if self.process != process::generation() {
+            return;
+        }
+        let socket = match &mut self.io {
+            Io::Tls(t) => {
                 t.tls.send_close_notify();
                 let _ = t.tls.write_tls(&mut &t.socket);
+                &t.socket
             }
-        }
+            Io::Plain(s) => s,
+        };
+        // The connection ends on the server now, even when a child forked since holds a
+        // copy of the descriptor (close alone would then leave it open): a request
+        // abandoned here (a cancelled block, and the attempt written behind it) must
+        // never run later.
+        let _ = socket.shutdown(std::net::Shutdown::Both);
     }
 }
 

@@ -96,3 +96,63 @@ fn a_waiter_cancelled_after_its_claim_ran_gives_the_lock_back() {
     let key: Option<String> = server.cmd(&["GET", "claim"]);
     assert_eq!(key, None, "the cancelled waiter left the lock held");
 }
+
+/// A waiter cancelled while blocked, in a process that forked meanwhile (the child holds a
+/// copy of every socket): its connection still ends at once on the server, so the attempt
+/// written behind its block never runs and takes nothing after the caller was told
+/// `Cancelled`.
+#[test]
+fn a_cancelled_waiter_in_a_process_that_forked_leaves_no_request_behind() {
+    let server = RedisServer::start();
+    let holder = support::client(&server.url())
+        .lock("forked")
+        .try_acquire()
+        .unwrap();
+    let cancel = CancelToken::new();
+    let waiter = {
+        let (client, cancel) = (support::client(&server.url()), cancel.clone());
+        std::thread::spawn(move || {
+            client
+                .lock("forked")
+                .cancel_token(&cancel)
+                .acquire()
+                .map(drop)
+        })
+    };
+    let blocked = || -> Option<String> {
+        let clients: String = server.cmd(&["CLIENT", "LIST"]);
+        clients
+            .lines()
+            .find(|l| l.contains("cmd=blpop"))
+            .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+    };
+    assert!(eventually(Duration::from_secs(5), || blocked().is_some()));
+    let id = blocked().unwrap();
+    // SAFETY: the child only sleeps and exits (async-signal-safe calls).
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        unsafe {
+            libc::sleep(30);
+            libc::_exit(0);
+        }
+    }
+    assert!(child > 0);
+    cancel.cancel();
+    let cancelled = within(Duration::from_secs(10), move || waiter.join().unwrap());
+    assert_eq!(cancelled.unwrap_err().kind(), ErrorKind::Cancelled);
+    let gone = eventually(Duration::from_secs(10), || {
+        let clients: String = server.cmd(&["CLIENT", "LIST"]);
+        !clients.lines().any(|l| l.starts_with(&format!("{id} ")))
+    });
+    holder.release().unwrap();
+    // SAFETY: the child is ours.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    assert!(
+        gone,
+        "the cancelled waiter's connection ({id}) stayed open on the server"
+    );
+    assert_eq!(server.get("forked"), None);
+}
