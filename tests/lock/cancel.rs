@@ -131,6 +131,7 @@ fn a_cancelled_waiter_in_a_process_that_forked_leaves_no_request_behind() {
     // SAFETY: the child only sleeps and exits (async-signal-safe calls).
     let child = unsafe { libc::fork() };
     if child == 0 {
+        // SAFETY: sleep and _exit are async-signal-safe.
         unsafe {
             libc::sleep(30);
             libc::_exit(0);
