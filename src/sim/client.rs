@@ -260,6 +260,8 @@ pub(crate) struct SimLease {
     pub queued: bool,
     /// The last batched renewal failed: the next one goes on its own.
     pub batch_failed: bool,
+    /// Its clock was once seen saying it is no longer held (it must never say so again).
+    pub seen_ended: bool,
 }
 
 impl SimLease {

@@ -792,6 +792,7 @@ impl World {
                     replicas: acq.replicas,
                     queued: false,
                     batch_failed: false,
+                    seen_ended: false,
                 });
                 if acq.spec.renew {
                     self.schedule_renewal(client, id);

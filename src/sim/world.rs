@@ -796,8 +796,29 @@ impl World {
         let beliefs = self.beliefs();
         self.check
             .exclusion(self.now, &self.cfg.names, &beliefs, &self.data_lost_at)?;
+        self.check_held_never_returns()?;
         if !self.cfg.faults.any() && !self.redlock() {
             self.check_liveness();
+        }
+        Ok(())
+    }
+
+    /// A lease whose clock once said it is no longer held never says it is held again (the
+    /// guard's `is_held()` never turns true after it turned false).
+    fn check_held_never_returns(&mut self) -> Result<(), String> {
+        for c in 0..self.clients.len() {
+            let now = self.local(c);
+            for lease in &mut self.clients[c].leases {
+                let held = lease.clock.is_held(now);
+                if held && lease.seen_ended {
+                    return Err(format!(
+                        "at {:.3} ms, {} is held again by its clock after it had ended",
+                        self.now as f64 / 1000.0,
+                        short(&lease.token)
+                    ));
+                }
+                lease.seen_ended |= !held;
+            }
         }
         Ok(())
     }
