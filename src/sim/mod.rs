@@ -46,7 +46,7 @@ const FIXED_SEEDS: u64 = 200;
 /// release had found that; 427540, a fencing token drawn from a client's estimate of the
 /// server's clock (its reading had come back late) fell behind a token issued before a
 /// restart that lost the counter.
-const FOUND: &[u64] = &[124, 1045, 100685, 200476, 207213, 363624, 427540];
+const FOUND: &[u64] = &[124, 1045, 100685, 200476, 207213, 363624, 427540, 3182022];
 
 /// Virtual time a run may take before it counts as stuck.
 const RUN_LIMIT: config::Micros = 600_000_000;
@@ -57,6 +57,8 @@ pub(crate) struct Ran {
     pub ops: u64,
     /// Virtual time it took, µs.
     pub took: config::Micros,
+    /// The trace, when asked for (empty otherwise).
+    pub trace: String,
 }
 
 /// Runs the world of `seed`; on a failure, the message and (when `traced`) the trace.
@@ -66,6 +68,11 @@ pub(crate) fn run(seed: u64, traced: bool) -> Result<Ran, String> {
         Ok(()) => Ok(Ran {
             ops: world.check.ops,
             took: world.now,
+            trace: if traced {
+                world.trace.render()
+            } else {
+                String::new()
+            },
         }),
         Err(why) => Err(if traced {
             format!(
@@ -130,7 +137,8 @@ mod tests {
         };
         match run(seed, true) {
             Ok(ran) => eprintln!(
-                "seed {seed}: {} operations in {} virtual ms, all promises kept",
+                "{}\nseed {seed}: {} operations in {} virtual ms, all promises kept",
+                ran.trace,
                 ran.ops,
                 ran.took / 1000
             ),

@@ -7,7 +7,7 @@ use redis::Value;
 
 use crate::sim::client::ReqId;
 use crate::sim::config::Micros;
-use crate::sim::redis::{ConnId as ModelConn, Server, ServerId};
+use crate::sim::redis::{ConnId as ModelConn, Data, Server, ServerId, command};
 
 /// A connection of the world to a server (one per request).
 pub(crate) type ConnId = ModelConn;
@@ -145,6 +145,23 @@ impl SimServer {
         self.carries.clear();
         self.held.clear();
         self.down = true;
+    }
+
+    /// The live string value of `key`, if it holds one.
+    pub fn string(&self, key: &str) -> Option<&[u8]> {
+        match self.model.value(key.as_bytes()) {
+            Some(Data::Str(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Runs a command of a client outside the simulation (an operator, an eviction) at
+    /// `now`, on a connection of its own.
+    pub fn foreign(&mut self, args: &[&str], now: Micros) {
+        self.advance(now);
+        let conn = self.model.connect();
+        let _ = self.model.submit(conn, [command(args)]);
+        self.model.disconnect(conn);
     }
 
     /// Whether `key` is live on the server now.

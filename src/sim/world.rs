@@ -138,6 +138,11 @@ pub(crate) struct World {
     /// (client, server, SHA1): scripts a client saw a server answer without `NOSCRIPT`, as
     /// the runtime's connections remember them (forgotten when the server restarts).
     known_scripts: BTreeSet<(usize, usize, Vec<u8>)>,
+    /// Evictions of lock keys holding a grant not taken yet happen in this run (a
+    /// quarter of the runs with faults, Redlock's aside); drawn from a stream of their
+    /// own, so that runs without them go exactly as before they existed.
+    evictions: bool,
+    evict_rng: fastrand::Rng,
     /// Events of paused clients, in the order they happened.
     deferred: Vec<Vec<Event>>,
     /// The instant virtual time 0 stands for.
@@ -203,8 +208,12 @@ impl World {
         let deferred = vec![Vec::new(); clients.len()];
         let cfg_servers = cfg.servers();
         let free_since = vec![None; cfg.names.len()];
+        let mut evict_rng = fastrand::Rng::with_seed(seed ^ 0x5eed_e71c);
+        let evictions = cfg.faults.any()
+            && !matches!(cfg.deployment, Deployment::Redlock(_))
+            && evict_rng.u32(0..4) == 0;
         let mut trace = Trace::new(traced);
-        trace.line(0, || format!("seed {seed}: {cfg:?}"));
+        trace.line(0, || format!("seed {seed}: {cfg:?}, evictions {evictions}"));
         World {
             check: Checker::new(&cfg),
             cfg,
@@ -217,6 +226,8 @@ impl World {
             sent: BTreeMap::new(),
             next_request: 1,
             known_scripts: BTreeSet::new(),
+            evictions,
+            evict_rng,
             deferred,
             base: Instant::now(),
             trace,
@@ -589,10 +600,37 @@ impl World {
         let now = self.now;
         self.servers[server].submit(conn, id, commands, now);
         self.pump(server);
+        self.maybe_evict(server);
         if !awaited && self.sent.get(&id).is_some_and(|s| s.replies.is_none()) {
             // Its caller gave up and closed the connection: what did not run at once (a
             // block, and what was pipelined behind it) never runs.
             self.servers[server].disconnect(conn);
+        }
+    }
+
+    /// In runs with evictions: a lock key holding a grant its waiter has not taken yet is
+    /// now and then deleted on its own (as an evicting `maxmemory` policy may; the README
+    /// asks for `noeviction`). Nobody believes it holds such a key, so every promise must
+    /// survive it, and a waiter must never take the grant left behind once the key is
+    /// someone else's.
+    fn maybe_evict(&mut self, server: usize) {
+        if !self.evictions || server != self.primary {
+            return;
+        }
+        for n in 0..self.cfg.names.len() {
+            let name = self.cfg.names[n].name.clone();
+            let Ok(keys) = crate::keys::LockKeys::new("", &name) else {
+                continue;
+            };
+            let holder = self.servers[server].string(&keys.lock);
+            let pending = holder.is_some() && holder == self.servers[server].string(&keys.grant);
+            if pending && self.evict_rng.f64() < 0.5 {
+                self.trace.line(self.now, || {
+                    format!("s{server} evicts {name:?} (a grant not taken yet)")
+                });
+                self.servers[server].foreign(&["DEL", &name], self.now);
+                self.pump(server);
+            }
         }
     }
 
