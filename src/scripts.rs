@@ -127,9 +127,10 @@ end
 /// fixed lease, an extend right after the acquire) lengthens it to the ttl.
 ///
 /// Also acquired: a key that already holds the same token (an attempt repeated after a lost
-/// reply; the lease restarts from this attempt), and a pending grant, by a waiter just back
-/// from a block, or by a registered waiter when the grant's wake element is still unpopped
-/// (nobody was blocked when it was made). A caller that is not a registered waiter never
+/// reply, or a late copy of one: the lease restarts from this attempt but is never
+/// shortened, since an extend may have lengthened it), and a pending grant, by a waiter
+/// just back from a block, or by a registered waiter when the grant's wake element is
+/// still unpopped (nobody was blocked when it was made). A caller that is not a registered waiter never
 /// takes a grant: it would jump the queue.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
@@ -198,8 +199,11 @@ if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
 end
 local holder = redis.call('GET', KEYS[1])
 if holder == token then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return granted(tonumber(ARGV[2]))
+  -- An attempt repeated (its reply was lost), or a stale copy of one arriving late: the
+  -- lease is never shortened (an extend may have lengthened it since).
+  local lease = math.max(redis.call('PTTL', KEYS[1]), tonumber(ARGV[2]))
+  redis.call('PEXPIRE', KEYS[1], lease)
+  return granted(lease)
 end
 if mode == 1 and holder == redis.call('GET', KEYS[5])
     and redis.call('ZSCORE', KEYS[4], token) and redis.call('LLEN', KEYS[3]) > 0 then
@@ -407,15 +411,17 @@ local now = math.floor(clock / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local taken = redis.call('ZSCORE', KEYS[1], token)
 if taken or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[6]) then
-  redis.call('ZADD', KEYS[1], now + ttl, token)
-  if redis.call('PTTL', KEYS[1]) < ttl then
-    redis.call('PEXPIRE', KEYS[1], ttl)
+  -- A permit this token holds already (a repeated or late attempt) is never shortened.
+  local expiry = math.max(now + ttl, tonumber(taken) or 0)
+  redis.call('ZADD', KEYS[1], expiry, token)
+  if redis.call('PTTL', KEYS[1]) < expiry - now then
+    redis.call('PEXPIRE', KEYS[1], expiry - now)
   end
   if mode ~= 0 then
     redis.call('ZREM', KEYS[4], token)
   end
   wake_self(KEYS[5], mode, ARGV[5])
-  return {1, (next_fence(KEYS[2], clock, clock)), ttl, clock}
+  return {1, (next_fence(KEYS[2], clock, clock)), expiry - now, clock}
 end
 register(KEYS[4], token, mode, tonumber(ARGV[5]))
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -498,6 +504,8 @@ local now = math.floor(clock / 1000)
 local first = nil
 local fields = redis.call('HGETALL', KEYS[1])
 local writer = nil
+-- Live holds by field: their expiry.
+local expiries = {}
 for i = 1, #fields, 2 do
   local name, value = fields[i], fields[i + 1]
   local expiry, holder = string.match(value, '^(%d+) ?(.*)$')
@@ -506,24 +514,28 @@ for i = 1, #fields, 2 do
     redis.call('HDEL', KEYS[1], name)
   else
     if name == 'w' then writer = holder end
+    expiries[name] = expiry
     if not first or expiry < first then first = expiry end
   end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-local function granted(field, value)
-  redis.call('HSET', KEYS[1], field, value)
-  if redis.call('PTTL', KEYS[1]) < ttl then
-    redis.call('PEXPIRE', KEYS[1], ttl)
+-- `field` taken (again) until now + ttl, or later if it was held under this token
+-- already (a repeated or late attempt never shortens a hold an extend lengthened).
+local function granted(field, suffix)
+  local expiry = math.max(now + ttl, expiries[field] or 0)
+  redis.call('HSET', KEYS[1], field, string.format('%.0f', expiry) .. suffix)
+  if redis.call('PTTL', KEYS[1]) < expiry - now then
+    redis.call('PEXPIRE', KEYS[1], expiry - now)
   end
   if mode ~= 0 then
     redis.call('ZREM', side == 'w' and KEYS[4] or KEYS[5], token)
   end
   wake_self(KEYS[7], mode, ARGV[5])
-  return {1, (next_fence(KEYS[2], clock, clock)), ttl, clock}
+  return {1, (next_fence(KEYS[2], clock, clock)), expiry - now, clock}
 end
 if side == 'w' then
   if writer == token or redis.call('HLEN', KEYS[1]) == 0 then
-    return granted('w', string.format('%.0f', now + ttl) .. ' ' .. token)
+    return granted('w', ' ' .. token)
   end
   register(KEYS[4], token, mode, tonumber(ARGV[5]))
   if mode == 3 and not writer and redis.call('ZCOUNT', KEYS[4], now, '+inf') == 0 then
@@ -533,7 +545,7 @@ if side == 'w' then
 else
   local again = redis.call('HEXISTS', KEYS[1], 'r:' .. token) == 1
   if again or (not writer and redis.call('ZCARD', KEYS[4]) == 0) then
-    return granted('r:' .. token, string.format('%.0f', now + ttl))
+    return granted('r:' .. token, '')
   end
   register(KEYS[5], token, mode, tonumber(ARGV[5]))
 end

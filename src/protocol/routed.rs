@@ -176,7 +176,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::backend::exec::Exec;
-    use crate::core::reply::{AttemptReply, Mode, ReleaseReply};
+    use crate::core::reply::{AttemptReply, ExtendReply, Mode, ReleaseReply};
     use crate::keys::LockKeys;
     use crate::kinds::Kind;
     use crate::lane::Lane;
@@ -228,5 +228,77 @@ mod tests {
         );
         assert_eq!(release("t2"), ReleaseReply::Released);
         assert_eq!(server.get("ledger"), None);
+    }
+
+    /// A late copy of an attempt (sent again after its reply was lost, delayed in the
+    /// network past the hold it then made and the extend that lengthened it) finds its own
+    /// token holding the lock: it must not shorten the hold back to its own, shorter ttl,
+    /// below what the holder was told (found by the simulation, seed 3182022, as a writer
+    /// of a read-write lock: another writer got in while the first still held).
+    #[test]
+    fn a_late_copy_of_an_attempt_never_shortens_a_hold_an_extend_lengthened() {
+        let server = RedisServer::start();
+        let client = crate::Client::open(&server.url()).unwrap();
+        let lock_server = &client.inner.server;
+        let exec = Exec::new(Lane::Urgent, Duration::from_secs(2));
+        let kinds = [
+            Kind::Mutex,
+            Kind::Reentrant("owner-1".into()),
+            Kind::Permit(2),
+            Kind::Write,
+            Kind::Read,
+        ];
+        for (i, kind) in kinds.iter().enumerate() {
+            let name = format!("late-{i}");
+            let keys = LockKeys::new("", &name).unwrap();
+            let hold = Hold {
+                kind,
+                keys: &keys,
+                token: "t1",
+            };
+            let request = AttemptRequest {
+                hold,
+                ttl: Duration::from_secs(10),
+                mode: Mode::Once,
+                grace: Duration::from_secs(1),
+                block: None,
+                lead: false,
+                exec,
+                replicas: None,
+            };
+            let attempt = || lock_server.attempt(&request).unwrap().unwrap().reply;
+            assert!(
+                matches!(attempt(), AttemptReply::Granted { .. }),
+                "{kind:?}"
+            );
+            let extended = lock_server
+                .extend(hold, Duration::from_secs(600), None, &exec)
+                .unwrap();
+            assert_eq!(extended.reply, ExtendReply::Extended, "{kind:?}");
+            // The late copy of the first attempt.
+            assert!(
+                matches!(
+                    attempt(),
+                    AttemptReply::Granted { .. } | AttemptReply::Reentered { .. }
+                ),
+                "{kind:?}"
+            );
+            let left = server.pttl(&name);
+            assert!(left > 500_000, "{kind:?}: the hold was cut to {left} ms");
+            let held: Vec<String> = match kind {
+                Kind::Permit(_) => server.cmd(&["ZRANGE", &name, "0", "-1", "WITHSCORES"]),
+                Kind::Read | Kind::Write => server.cmd(&["HVALS", &name]),
+                _ => Vec::new(),
+            };
+            let now_ms: Vec<String> = server.cmd(&["TIME"]);
+            let now_ms = now_ms[0].parse::<u64>().unwrap() * 1000;
+            for value in held.iter().filter(|v| *v != "t1") {
+                let expiry: u64 = value.split(' ').next().unwrap().parse().unwrap();
+                assert!(
+                    expiry > now_ms + 500_000,
+                    "{kind:?}: the hold's own expiry was cut to {value}"
+                );
+            }
+        }
     }
 }
