@@ -130,8 +130,8 @@ end
 /// reply, or a late copy of one: the lease restarts from this attempt but is never
 /// shortened, since an extend may have lengthened it), and a pending grant, by a waiter
 /// just back from a block, or by a registered waiter when the grant's wake element is
-/// still unpopped (nobody was blocked when it was made). A caller that is not a registered waiter never
-/// takes a grant: it would jump the queue.
+/// still unpopped (nobody was blocked when it was made). A caller that is not a registered
+/// waiter never takes a grant: it would jump the queue.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{NOW}{}{}",

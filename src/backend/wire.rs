@@ -22,8 +22,10 @@ pub(crate) fn run_calls(conn: &mut Connection, calls: &[Call], how: &Exec<'_>) -
 ///
 /// A script ahead of a blocking call goes as `EVAL` unless this connection's server was
 /// seen to have it cached: the block runs whatever the script's reply, so a script
-/// answered `NOSCRIPT` there (after a restart or `SCRIPT FLUSH`) would leave a waiter
-/// blocked unregistered for its whole block.
+/// answered `NOSCRIPT` there (a fresh server, or one restarted: a new connection knows no
+/// script) would leave a waiter blocked unregistered for its whole block. (A `SCRIPT
+/// FLUSH` behind the back of a connection that knew the script still costs that one
+/// block: see the README's bounds table.)
 pub(crate) fn send_calls(conn: &mut Connection, calls: &[Call], how: &Exec<'_>) -> Result<Instant> {
     let mut packed = Vec::with_capacity(calls.iter().map(|c| c.packed().len()).sum());
     let last_block = calls.iter().rposition(|c| c.block().is_some());
