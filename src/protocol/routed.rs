@@ -183,6 +183,20 @@ mod tests {
     use crate::protocol::{AttemptRequest, Hold};
     use crate::testing::support::RedisServer;
 
+    /// A single attempt of `hold` for 10 s, as `try_acquire` sends it.
+    fn once<'a>(hold: Hold<'a>, exec: Exec<'a>) -> AttemptRequest<'a> {
+        AttemptRequest {
+            hold,
+            ttl: Duration::from_secs(10),
+            mode: Mode::Once,
+            grace: Duration::from_secs(1),
+            block: None,
+            lead: false,
+            exec,
+            replicas: None,
+        }
+    }
+
     /// A hold of a reentrant lock given back twice (a release sent again after its reply
     /// was lost) must release nothing the second time, even when it names the key's token:
     /// the owner's other holds still count on the lock.
@@ -200,16 +214,7 @@ mod tests {
             token,
         };
         let attempt = |token| {
-            let request = AttemptRequest {
-                hold: hold(token),
-                ttl: Duration::from_secs(10),
-                mode: Mode::Once,
-                grace: Duration::from_secs(1),
-                block: None,
-                lead: false,
-                exec,
-                replicas: None,
-            };
+            let request = once(hold(token), exec);
             lock_server.attempt(&request).unwrap().unwrap().reply
         };
         let release = |token| {
@@ -256,16 +261,7 @@ mod tests {
                 keys: &keys,
                 token: "t1",
             };
-            let request = AttemptRequest {
-                hold,
-                ttl: Duration::from_secs(10),
-                mode: Mode::Once,
-                grace: Duration::from_secs(1),
-                block: None,
-                lead: false,
-                exec,
-                replicas: None,
-            };
+            let request = once(hold, exec);
             let attempt = || lock_server.attempt(&request).unwrap().unwrap().reply;
             assert!(
                 matches!(attempt(), AttemptReply::Granted { .. }),
