@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from ctypes import byref, c_bool, c_uint64
-from typing import Callable, List, Optional, Protocol, Tuple, Type
+from typing import Callable, Dict, List, Optional, Protocol, Tuple, Type
 
 from . import _args, _kinds, _native, _registry
 from ._args import Key
@@ -27,7 +27,7 @@ from ._errors import (
 )
 from ._kinds import MUTEX, Kind
 from ._native import LOCK_TOKEN_MAX, UINT64_MAX, lib
-from ._registry import _REGISTRY, LOST_REASONS, adopting, on_lost_from_c
+from ._registry import _REGISTRY, LOST_REASONS, on_lost_from_c
 from ._signals import SignalCatcher, on_main_thread
 
 log = logging.getLogger("redlease")
@@ -49,6 +49,21 @@ class LockClient(Protocol):
 
     @property
     def handle(self) -> int: ...
+
+
+_SHARED_OPTIONS: Dict[bool, "_native.AcquireOptions"] = {}
+
+
+def _shared_options(renew: bool) -> "_native.AcquireOptions":
+    """The options of a plain (not reentrant, no replicas) acquire, renewed or not: one
+    struct per process for each, which the library only reads."""
+    opts = _SHARED_OPTIONS.get(renew)
+    if opts is None:
+        opts = _native.acquire_options()
+        opts.renew = renew
+        opts.on_lost = on_lost_from_c
+        opts = _SHARED_OPTIONS.setdefault(renew, opts)
+    return opts
 
 
 class Lock:
@@ -137,6 +152,8 @@ class Lock:
         self._fencing_token: Optional[int] = None
         self._token: Optional[str] = None
         self._lost_event: Optional[threading.Event] = None
+        # The options every acquire passes, made by the first (see _acquire_options).
+        self._base_opts: Optional[_native.AcquireOptions] = None
         # The current holding was made by acquire() and may be taken over by a with block
         # (only the owner reads or sets it).
         self._with_may_take_over = False
@@ -195,39 +212,33 @@ class Lock:
             return self._reenter(cancel)
         self._enter_gate(started, cancel, owner)
         out = _native.lock_t()
+        _registry.adopting_begin()
         try:
-            with adopting():
-                opts = self._options(cancel)
-                opts.renew = self._renew
-                opts.on_lost = on_lost_from_c
-                if self._min_replicas is not None:
-                    opts.min_replicas, opts.min_replicas_timeout_ms = self._min_replicas
-                if cancel is not None:
-                    opts.cancel = cancel.handle
-                wait_ms = self._wait_left(started)
-                # Python runs signal handlers on the main thread only. `catcher` (and `opts`,
-                # which refers to its callback) stay alive until the C call has returned.
-                catcher = SignalCatcher() if wait_ms and on_main_thread() else None
-                status = None
-                try:
-                    if catcher is not None and catcher.install():
-                        opts.on_interrupt = catcher.callback
-                    if catcher is None or catcher.exception is None:
-                        client = self._client.handle
-                        status = self._kind.take(
-                            client, self._key, self._ttl_ms, wait_ms, byref(opts), byref(out)
-                        )
-                finally:
-                    if catcher is not None:
-                        catcher.uninstall()
-                interrupted = catcher.take() if catcher is not None else None
-                if interrupted is not None:
-                    raise interrupted  # what a signal handler raised (KeyboardInterrupt) wins
-                assert status is not None
+            wait_ms = self._wait_left(started)
+            # Python runs signal handlers on the main thread only. `catcher` (and `opts`,
+            # which refers to its callback) stay alive until the C call has returned.
+            catcher = SignalCatcher() if wait_ms and on_main_thread() else None
+            opts = self._acquire_options(cancel, catcher is not None)
+            status = None
+            try:
+                if catcher is not None and catcher.install():
+                    opts.on_interrupt = catcher.callback
+                if catcher is None or catcher.exception is None:
+                    status = self._kind.take(
+                        self._client.handle, self._key, self._ttl_ms, wait_ms, byref(opts), byref(out)
+                    )
+            finally:
+                if catcher is not None:
+                    catcher.uninstall()
+            interrupted = catcher.take() if catcher is not None else None
+            if interrupted is not None:
+                raise interrupted  # what a signal handler raised (KeyboardInterrupt) wins
+            assert status is not None
+            if status:
                 _native.check(status)
-                fence = c_uint64()
-                _native.check(lib.lock_fencing_token(out.value, byref(fence)))
-                self._adopt(out.value, fence.value)
+            fence = c_uint64()
+            _native.check(lib.lock_fencing_token(out.value, byref(fence)))
+            self._adopt(out.value, fence.value)
         except BaseException:
             if out.value:
                 self._disown(out.value)
@@ -235,7 +246,32 @@ class Lock:
             self._owner = None
             self._gate.release()
             raise
+        finally:
+            _registry.adopting_end()
         return self
+
+    def _acquire_options(self, cancel: Optional[CancelToken], interruptible: bool) -> "_native.AcquireOptions":
+        """The options of an acquire of this object: built once (and shared with every
+        plain lock of the process), passed as they are when there is nothing to cancel or
+        interrupt, else copied. The library only reads them; the copy refers to the same
+        strings and callbacks, which the object (or this module) keeps alive."""
+        base = self._base_opts
+        if base is None and self._min_replicas is None and not self._reentrant:
+            # The common options, made once per process and shared read-only by every lock.
+            base = self._base_opts = _shared_options(self._renew)
+        if base is None:
+            base = self._options(None)
+            base.renew = self._renew
+            base.on_lost = on_lost_from_c
+            if self._min_replicas is not None:
+                base.min_replicas, base.min_replicas_timeout_ms = self._min_replicas
+            self._base_opts = base
+        if cancel is None and not interruptible:
+            return base
+        opts = _native.AcquireOptions.from_buffer_copy(base)
+        if cancel is not None:
+            opts.cancel = cancel.handle
+        return opts
 
     def _options(self, cancel: Optional[CancelToken]) -> "_native.AcquireOptions":
         """The acquire options every acquire of this object passes."""

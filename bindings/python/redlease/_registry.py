@@ -11,10 +11,9 @@ The registry knows a Lock only as a :class:`Holder` (and, when a client closes, 
 :data:`_REGISTRY`.
 """
 
-import contextlib
 import threading
 import weakref
-from typing import Dict, Iterator, Optional, Protocol
+from typing import Dict, Optional, Protocol
 
 from . import _native
 
@@ -54,19 +53,20 @@ def _lost_from_c(handle: int, reason: int, _user_data: object) -> None:
         lk._lost(handle, why)
 
 
-@contextlib.contextmanager
-def adopting() -> Iterator[None]:
+def adopting_begin() -> None:
     """Marks an acquire between its C call and its registration: a loss reported for its
-    handle meanwhile is kept for it."""
+    handle meanwhile is kept for it. Every call is followed by one of
+    :func:`adopting_end`, in a ``finally``."""
     with _REGISTRY:
         _ADOPTING[0] += 1
-    try:
-        yield
-    finally:
-        with _REGISTRY:
-            _ADOPTING[0] -= 1
-            if not _ADOPTING[0]:
-                _EARLY_LOSS.clear()  # late reports for handles nobody will register
+
+
+def adopting_end() -> None:
+    """Ends what :func:`adopting_begin` began."""
+    with _REGISTRY:
+        _ADOPTING[0] -= 1
+        if not _ADOPTING[0]:
+            _EARLY_LOSS.clear()  # late reports for handles nobody will register
 
 
 # One C callback for every lock (kept alive for the life of the module).
