@@ -102,7 +102,8 @@ end
 ///   those.
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] the client's estimate of the server's clock in
 ///   microseconds for the fencing token (0: unknown, the script reads `TIME`; see
-///   [`crate::core::server_time`]), ARGV[4] mode ([`crate::core::reply::Mode`]), ARGV[5]
+///   [`crate::core::server_time`]; 1: no fencing token wanted, the counter is left alone
+///   and the token returned is 0), ARGV[4] mode ([`crate::core::reply::Mode`]), ARGV[5]
 ///   the waiter's grace ms: how long its registration lives unrefreshed, and the longest
 ///   lease a taken grant gets; for a reentrant lock ARGV[6] the owner
 /// - Returns `{1, fencing_token, lease_ms}` when acquired (`lease_ms` is the ttl the key
@@ -170,7 +171,10 @@ local function granted(lease)
     redis.call('ZREM', KEYS[4], token)
   end
   wake_self()
-  local fence, read = next_fence(KEYS[2], tonumber(ARGV[3]) or 0, nil)
+  local fence, read = 0, nil
+  if ARGV[3] ~= '1' then
+    fence, read = next_fence(KEYS[2], tonumber(ARGV[3]) or 0, nil)
+  end
   if owner then
     redis.call('DEL', KEYS[7])
     redis.call('HSET', KEYS[7], 't', token, 'o', owner, 'f', string.format('%.0f', fence), 'h:' .. token, 1)

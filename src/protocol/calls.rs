@@ -48,6 +48,10 @@ pub(crate) fn attempt(
     calls
 }
 
+/// The clock estimate of an attempt that wants no fencing token (Redlock's: its members'
+/// counters would only count). The acquire script then leaves the counter alone.
+pub(crate) const NO_FENCING_TOKEN: u64 = 1;
+
 /// The kind's acquire script alone, for `hold` taken for `ttl` in `mode` (a waiter's
 /// registration living `grace` unrefreshed), with the server's clock estimated as
 /// `clock_us`.

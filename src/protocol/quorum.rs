@@ -144,9 +144,14 @@ impl LockServer for Quorum {
 
     fn attempt(&self, request: &AttemptRequest<'_>) -> Result<Option<Answer<AttemptReply>>> {
         let keys = request.hold.keys;
-        // Redlock hands out no fencing tokens: the members' counters only count, so no
-        // estimate of their clocks is needed (1 stands for "the counter alone").
-        let call = calls::attempt_script(request.hold, request.ttl, Mode::Once, request.grace, 1);
+        // Redlock hands out no fencing tokens: the members' counters would only count.
+        let call = calls::attempt_script(
+            request.hold,
+            request.ttl,
+            Mode::Once,
+            request.grace,
+            calls::NO_FENCING_TOKEN,
+        );
         let start = Instant::now();
         let answers = self.round(
             &keys.lock,

@@ -257,7 +257,13 @@ impl World {
                 };
                 let blocked = plan.block.is_some();
                 let request = if self.redlock() {
-                    let call = calls::attempt_script(h, acq.spec.ttl, Mode::Once, self.grace(), 1);
+                    let call = calls::attempt_script(
+                        h,
+                        acq.spec.ttl,
+                        Mode::Once,
+                        self.grace(),
+                        calls::NO_FENCING_TOKEN,
+                    );
                     Request::Round(self.round(
                         client,
                         Purpose::Task(task),
