@@ -10,7 +10,7 @@ import threading
 from ctypes import byref, c_bool, c_char_p
 from typing import Optional, Sequence, Tuple, Type, Union
 
-from . import _args, _native, _registry
+from . import _args, _from_redis, _native, _registry
 from ._args import Key
 from ._async import AsyncLock
 from ._cancel import CancelToken
@@ -123,6 +123,21 @@ class Client:
         client._url = _native.read_string(lib.lock_client_url, client._handle, 16384)
         return client
 
+
+    @classmethod
+    def from_redis(cls, source: object) -> "Client":
+        """The client for the server a redis-py client talks to: ``source`` is a
+        ``redis.Redis``, a ``redis.ConnectionPool``, a ``Sentinel(...).master_for(name)``
+        client or a ``redis.cluster.RedisCluster`` (or their ``redis.asyncio`` twins). It
+        takes their host, port, db, username, password, TLS (``ssl_ca_certs``), unix socket,
+        connect and socket timeouts, sentinel addresses and service name, or cluster
+        startup nodes. One client per pool, made on first use and reused (closed when the
+        pool goes); no key prefix, so a lock's key is its name, as with redis-py's ``Lock``.
+
+        Raises :class:`InvalidArgumentError` naming what it cannot carry: a custom
+        connection class, a ``credential_provider``, a client certificate, TLS without
+        verification, a replica (``slave_for``) client."""
+        return _from_redis.client_for(source, cls)
 
     @property
     def url(self) -> str:
