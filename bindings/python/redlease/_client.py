@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Tuple, Type, Union
 
 from . import _args, _from_redis, _native, _registry
 from ._args import Key
-from ._async import AsyncLock
+from ._async import AsyncLock, _off_loop
 from ._cancel import CancelToken
 from ._errors import InvalidArgumentError, InvalidHandleError
 from ._locks import Lock, LostHandler, RwLock, Semaphore
@@ -275,6 +275,10 @@ class Client:
         out = c_bool()
         _native.check(lib.lock_is_locked(self.handle, _args.key_bytes(key), byref(out)))
         return out.value
+
+    async def is_locked_async(self, key: Key) -> bool:
+        """The asyncio face of :meth:`is_locked`: the round trip runs in a worker thread."""
+        return await _off_loop(self.is_locked, key)
 
     def close(self) -> None:
         """Releases every lock still held from this client (blocking for those releases),

@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from ctypes import byref, c_bool, c_uint64
-from typing import Callable, Dict, List, Optional, Protocol, Tuple, Type
+from typing import Callable, Dict, List, Optional, Protocol, Tuple, Type, Union
 
 from . import _args, _kinds, _native, _registry
 from ._args import Key
@@ -64,6 +64,33 @@ def _shared_options(renew: bool) -> "_native.AcquireOptions":
         opts.on_lost = on_lost_from_c
         opts = _SHARED_OPTIONS.setdefault(renew, opts)
     return opts
+
+
+def _wait_left(started: float, wait_ms: int) -> int:
+    """A wait of ``wait_ms`` begun at ``started``, minus the time spent since, in ms."""
+    if wait_ms in (0, UINT64_MAX):
+        return wait_ms
+    spent_ms = int((time.monotonic() - started) * 1000)
+    return max(wait_ms - spent_ms, 0)
+
+
+_UNSET = object()
+
+
+def _threading_wait_ms(blocking: object, timeout: object) -> int:
+    """The wait of ``acquire(blocking, timeout)`` called as :meth:`threading.Lock.acquire`
+    is: ``blocking=False`` tries once; ``timeout`` -1 waits as long as it takes."""
+    if blocking is _UNSET:
+        blocking = True
+    if timeout is _UNSET:
+        timeout = -1
+    if not isinstance(blocking, bool):
+        raise InvalidArgumentError(f"blocking must be a bool, not {type(blocking).__name__}")
+    if timeout == -1 and not isinstance(timeout, bool):
+        return UINT64_MAX if blocking else 0
+    if not blocking:
+        raise InvalidArgumentError("can't specify a timeout for a non-blocking call")
+    return _args.wait_ms(timeout)
 
 
 class Lock:
@@ -186,7 +213,13 @@ class Lock:
         except Exception:  # noqa: BLE001
             log.exception("redlease: the on_lost handler raised")
 
-    def acquire(self, *, cancel: Optional[CancelToken] = None) -> "Lock":
+    def acquire(
+        self,
+        blocking: object = _UNSET,
+        timeout: object = _UNSET,
+        *,
+        cancel: Optional[CancelToken] = None,
+    ) -> "Union[Lock, bool]":
         """Acquires the lock, waiting as configured; returns self. Blocks without the GIL,
         first while another thread holds this object, then while another owner holds the
         key. On the main thread, Ctrl-C interrupts the wait. ``cancel`` (or the object's
@@ -196,25 +229,58 @@ class Lock:
         :class:`LockCancelledError` when cancelled, ``KeyboardInterrupt`` (or any exception a
         signal handler raised) when interrupted; nothing is held after any of these.
         :class:`InvalidArgumentError` when this thread already holds it; connection and
-        server errors as :meth:`Client.acquire`."""
-        self._acquire(cancel or self._cancel, threading.get_ident())
-        self._with_may_take_over = True
-        return self
+        server errors as :meth:`Client.acquire`.
 
-    def _acquire(self, cancel: Optional[CancelToken], owner: object) -> "Lock":
-        """Acquires for ``owner`` (a thread id, or an asyncio task) with ``cancel``.
+        Called with ``blocking`` or ``timeout`` (as :meth:`threading.Lock.acquire`), it
+        returns ``True`` when acquired and ``False`` when the wait ended with the lock held
+        elsewhere (or, with ``blocking=False``, held by this thread): ``blocking=False``
+        tries once, ``timeout`` seconds replaces the object's wait (-1, the default: as
+        long as it takes). Other errors raise as above."""
+        if blocking is _UNSET and timeout is _UNSET:
+            self._acquire(cancel or self._cancel, threading.get_ident())
+            self._with_may_take_over = True
+            return self
+        wait_ms = _threading_wait_ms(blocking, timeout)
+        owner = threading.get_ident()
+        if wait_ms == 0 and self._owner == owner and self._handle and not self._reentrant:
+            return False  # threading.Lock: a non-blocking acquire of a lock this thread holds
+        try:
+            self._acquire(cancel or self._cancel, owner, wait_ms)
+        except LockBusyError:
+            return False
+        self._with_may_take_over = True
+        return True
+
+    def locked(self) -> bool:
+        """Whether anyone holds the name right now (this object or any other owner; for a
+        semaphore, any permit; for a read-write lock, the writer or a reader), as the
+        server says: one round trip. :meth:`owned` says whether this object holds it."""
+        return self._client.is_locked(self._key)
+
+    def owned(self) -> bool:
+        """Whether this object holds the lock, by the local view (:attr:`held`): acquired,
+        not released, not lost, lease not ended. Sends nothing."""
+        return self.held
+
+    def _acquire(
+        self, cancel: Optional[CancelToken], owner: object, wait_ms: Optional[int] = None
+    ) -> "Lock":
+        """Acquires for ``owner`` (a thread id, or an asyncio task) with ``cancel``, waiting
+        ``wait_ms`` (the object's wait when None).
 
         An exception at any point, also an asynchronous one (what a signal handler raised)
         right after the C call returned, leaves nothing held: a handle written by the
         library is released again, and the gate is given back."""
         started = time.monotonic()
+        if wait_ms is None:
+            wait_ms = self._wait_ms
         if self._reentrant and self._handle and self._owner == owner:
             return self._reenter(cancel)
-        self._enter_gate(started, cancel, owner)
+        self._enter_gate(started, cancel, owner, wait_ms)
         out = _native.lock_t()
         _registry.adopting_begin()
         try:
-            wait_ms = self._wait_left(started)
+            wait_ms = _wait_left(started, wait_ms)
             # Python runs signal handlers on the main thread only. `catcher` (and `opts`,
             # which refers to its callback) stay alive until the C call has returned.
             catcher = SignalCatcher() if wait_ms and on_main_thread() else None
@@ -302,9 +368,11 @@ class Lock:
             raise
         return self
 
-    def _enter_gate(self, started: float, cancel: Optional[CancelToken], owner: object) -> None:
-        """Takes the gate: waits, within the object's ``wait``, while another thread's
-        holding of this object lasts."""
+    def _enter_gate(
+        self, started: float, cancel: Optional[CancelToken], owner: object, wait_ms: int
+    ) -> None:
+        """Takes the gate: waits, within ``wait_ms``, while another thread's holding of this
+        object lasts."""
         if self._gate.acquire(blocking=False):
             self._owner = owner
             return
@@ -313,11 +381,11 @@ class Lock:
                 f"this Lock on {self.key!r} is already acquired here; release it first"
             )
         while True:
-            if self._wait_ms and is_cancelled(cancel):
+            if wait_ms and is_cancelled(cancel):
                 raise LockCancelledError(f"the wait for {self._what} was cancelled")
             slice_s = _GATE_SLICE
-            if self._wait_ms != UINT64_MAX:
-                left = started + self._wait_ms / 1000 - time.monotonic()
+            if wait_ms != UINT64_MAX:
+                left = started + wait_ms / 1000 - time.monotonic()
                 if left <= 0:
                     raise LockBusyError(
                         f"{self._what} is held by another thread through this Lock object"
@@ -326,13 +394,6 @@ class Lock:
             if self._gate.acquire(timeout=slice_s):
                 self._owner = owner
                 return
-
-    def _wait_left(self, started: float) -> int:
-        """The object's wait minus the time spent waiting for the gate, in ms."""
-        if self._wait_ms in (0, UINT64_MAX):
-            return self._wait_ms
-        spent_ms = int((time.monotonic() - started) * 1000)
-        return max(self._wait_ms - spent_ms, 0)
 
     def _adopt(self, handle: int, fencing_token: int) -> None:
         """Records ``handle`` as the current holding. Raises :class:`InvalidHandleError`,

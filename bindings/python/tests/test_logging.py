@@ -2,6 +2,7 @@
 from its renewal threads, and a broken handler or filter never hurts the library."""
 
 import logging
+import logging.config
 import os
 import signal
 import threading
@@ -161,3 +162,67 @@ def test_releases_racing_their_own_renewals_log_no_warning(client, collect):
             other.release()
     time.sleep(0.1)
     assert not collect.records, [r.getMessage() for r in collect.records]
+
+
+def test_the_library_follows_the_logger_level_set_after_import(client, r):
+    """No set_log_level call: raising the logger's level to INFO after import makes the
+    library send its INFO records; lowering it back stops them again. The record names the
+    library's thread it came from."""
+    logger = logging.getLogger("redlease")
+    handler = Collect()
+    logger.addHandler(handler)
+    old = logger.level
+    try:
+        logger.setLevel(logging.WARNING)
+        assert _logging._applied == logging.WARNING
+        lk = client.acquire("log:follow-quiet", ttl=0.3, wait=0)
+        r.delete("log:follow-quiet")
+        assert lk.lost.wait(5.0)
+        time.sleep(0.1)
+        assert not handler.matching(logging.INFO, "log:follow-quiet"), "INFO sent at WARNING"
+        logger.setLevel(logging.INFO)
+        assert _logging._applied == logging.INFO
+        lk2 = client.acquire("log:follow-info", ttl=0.3, wait=0)
+        r.delete("log:follow-info")
+        assert lk2.lost.wait(5.0)
+        assert eventually(lambda: handler.matching(logging.INFO, "log:follow-info", "lost"))
+        record = handler.matching(logging.INFO, "log:follow-info", "lost")[0]
+        assert record.threadName.startswith("redlease-"), record.threadName
+        lk.release()
+        lk2.release()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+
+
+def test_a_level_set_on_the_root_logger_or_by_disable_is_followed():
+    logger = logging.getLogger("redlease")
+    root = logging.getLogger()
+    old_root, old_own = root.level, logger.level
+    try:
+        logger.setLevel(logging.NOTSET)
+        root.setLevel(logging.DEBUG)
+        assert _logging._applied == logging.DEBUG
+        logging.disable(logging.CRITICAL)
+        assert _logging._applied == logging.CRITICAL + 1  # nothing sent
+        logging.disable(logging.NOTSET)
+        assert _logging._applied == logging.DEBUG
+    finally:
+        logging.disable(logging.NOTSET)
+        root.setLevel(old_root)
+        logger.setLevel(old_own)
+
+
+def test_a_level_changed_while_logging_is_locked_is_applied_soon():
+    """dictConfig holds logging's lock while it sets levels: the level is applied from a
+    short-lived thread, and never deadlocks with a record in flight."""
+    logger = logging.getLogger("redlease")
+    old = logger.level
+    try:
+        logging.config.dictConfig({
+            "version": 1, "incremental": False, "disable_existing_loggers": False,
+            "loggers": {"redlease": {"level": "INFO"}},
+        })
+        assert eventually(lambda: _logging._applied == logging.INFO, 5.0)
+    finally:
+        logger.setLevel(old)
