@@ -80,6 +80,11 @@
 #define LOCK_TOKEN_MAX 128
 
 /**
+ * `remaining_ms` of a lock without expiry, or of a free one.
+ */
+#define LOCK_NO_EXPIRY UINT64_MAX
+
+/**
  * Log level: errors (a renewal thread panicked, fork detection unavailable).
  */
 #define LOCK_LOG_ERROR 1
@@ -342,6 +347,134 @@ typedef struct lock_acquire_options_t {
  * `LOCK_ERR_ARGUMENT`).
  */
 typedef void (*lock_log_cb)(int32_t level, const char *target, const char *message, void *user_data);
+
+/**
+ * What a lock looks like on the server right now. Made by `lock_inspect` (one) and
+ * `lock_list` (a list linked by `next`); free it with `lock_info_free`. Read-only; a later
+ * version may add fields at the end.
+ */
+typedef struct lock_info_t {
+  /**
+   * The lock key, the client's key prefix included.
+   */
+  char *key;
+  /**
+   * The value under the key: the holder's token (`uuid:host/pid` for redlease holders),
+   * or NULL when nobody holds it. A NUL byte in a value written by another program is
+   * shown as `\0`.
+   */
+  char *holder;
+  /**
+   * How long the key lives unless renewed, in ms; `LOCK_NO_EXPIRY` when free or without
+   * expiry.
+   */
+  uint64_t remaining_ms;
+  /**
+   * The last fencing token handed out for this name; 0 when none.
+   */
+  uint64_t fencing_token;
+  /**
+   * Waiters registered now.
+   */
+  uint64_t waiters;
+  /**
+   * For a reentrant lock, its owner (NULL otherwise) ...
+   */
+  char *owner;
+  /**
+   * ... and how many holds the owner has (0 otherwise).
+   */
+  uint64_t holds;
+  /**
+   * The next lock of a `lock_list` result; NULL at the end.
+   */
+  struct lock_info_t *next;
+} lock_info_t;
+
+/**
+ * The server's version, eviction policy and persistence, and the latency of a few round
+ * trips (`lock_check`); for a Cluster, one of its primaries. Free it with
+ * `lock_server_check_free`. Read-only; a later version may add fields at the end.
+ */
+typedef struct lock_server_check_t {
+  /**
+   * `redis_version` of `INFO server`.
+   */
+  char *version;
+  /**
+   * `maxmemory-policy`; NULL when `CONFIG` is not permitted (as are the next three).
+   */
+  char *maxmemory_policy;
+  /**
+   * `save` (RDB snapshots; empty: none).
+   */
+  char *save;
+  /**
+   * `appendonly`.
+   */
+  char *appendonly;
+  /**
+   * `appendfsync`.
+   */
+  char *appendfsync;
+  /**
+   * Whether the eviction policy can delete lock keys (anything but `noeviction`).
+   */
+  bool may_evict_locks;
+  /**
+   * Whether a restart loses data (no RDB snapshots and no AOF): 1 yes, 0 no, -1 unknown
+   * (`CONFIG` not permitted).
+   */
+  int32_t loses_data_on_restart;
+  /**
+   * Round trips of a few `PING`s, in µs: `round_trip_count` of them.
+   */
+  uint64_t *round_trips_us;
+  /**
+   * How many round trips `round_trips_us` holds.
+   */
+  size_t round_trip_count;
+} lock_server_check_t;
+
+/**
+ * The renewal figures of this process so far (every client): fill with
+ * `lock_renewal_stats(&stats, sizeof stats)`. Subtract two snapshots for an interval's
+ * counts. A later version may add fields at the end.
+ */
+typedef struct lock_renewal_stats_t {
+  /**
+   * `sizeof` the struct, as the caller passed it.
+   */
+  size_t size;
+  /**
+   * Renewals that succeeded.
+   */
+  uint64_t renewals;
+  /**
+   * Renewal attempts that failed (a lock is lost only when none succeeds in time).
+   */
+  uint64_t failures;
+  /**
+   * The latest renewal ever sent, past its due time, in µs.
+   */
+  uint64_t max_lateness_us;
+  /**
+   * The median lateness of the renewals (to within 19 %), in µs.
+   */
+  uint64_t lateness_p50_us;
+  /**
+   * The 90th percentile of the lateness, in µs.
+   */
+  uint64_t lateness_p90_us;
+  /**
+   * The 99th percentile of the lateness, in µs.
+   */
+  uint64_t lateness_p99_us;
+  /**
+   * The 99.9th percentile of the lateness, in µs.
+   */
+  uint64_t lateness_p999_us;
+} lock_renewal_stats_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -631,6 +764,64 @@ const char *lock_version(void);
  * from inside the callback.
  */
 int32_t lock_set_log_callback(int32_t min_level, lock_log_cb callback, void *user_data);
+
+/**
+ * Writes who holds the lock `name` now, for how long, its last fencing token and its
+ * waiters, as a new `lock_info_t` to free with `lock_info_free`. One round trip; blocking,
+ * bounded like `lock_is_locked`. Errors: `LOCK_ERR_ARGUMENT` (NULL or bad name, or a
+ * Redlock client), `LOCK_ERR_HANDLE`, `LOCK_ERR_CONNECTION`, `LOCK_ERR_REDIS`.
+ */
+int32_t lock_inspect(lock_client_t client, const char *name, struct lock_info_t **out_info);
+
+/**
+ * Writes the locks whose names match the glob `pattern` (`*`, `?`) that are held now, at
+ * most `limit` of them, as a list linked by `next` (NULL when there is none) to free with
+ * `lock_info_free`, and their number. Scans the keyspace (`SCAN`, in steps); blocking.
+ * Errors as `lock_inspect`; `LOCK_ERR_ARGUMENT` also for a `limit` of 0.
+ */
+int32_t lock_list(lock_client_t client,
+                  const char *pattern,
+                  size_t limit,
+                  struct lock_info_t **out_list,
+                  size_t *out_count);
+
+/**
+ * Frees what `lock_inspect` or `lock_list` wrote (the whole list). NULL is fine.
+ *
+ * The pointer must come from one of those calls and not have been freed.
+ */
+int32_t lock_info_free(struct lock_info_t *list);
+
+/**
+ * Deletes the lock `name` held by someone else, but only while its key still holds
+ * `holder` (the value `lock_inspect` showed), so a lock that changed hands is left alone.
+ * The old holder finds its lock lost at its next renewal; its critical section may still
+ * run: use it only for a holder known to be gone, and rely on fencing tokens. Blocking.
+ * Errors: `LOCK_NOT_HELD` when the key no longer holds `holder` (nothing deleted), and as
+ * `lock_inspect`.
+ */
+int32_t lock_break(lock_client_t client, const char *name, const char *holder);
+
+/**
+ * Connects and writes the server's version, eviction policy and persistence, and the
+ * latency of a few round trips, as a new `lock_server_check_t` to free with
+ * `lock_server_check_free`. Blocking (a few round trips, each bounded like
+ * `lock_is_locked`). Errors as `lock_inspect`.
+ */
+int32_t lock_check(lock_client_t client, struct lock_server_check_t **out_check);
+
+/**
+ * Frees what `lock_check` wrote. NULL is fine. The pointer must come from `lock_check` and
+ * not have been freed.
+ */
+int32_t lock_server_check_free(struct lock_server_check_t *check);
+
+/**
+ * Fills `stats` with this process's renewal figures (every client): pass `sizeof *stats`
+ * as `size`. Never blocks (a few hundred atomic loads). Errors: `LOCK_ERR_ARGUMENT` for
+ * NULL or a size that is not the size of a version of the struct.
+ */
+int32_t lock_renewal_stats(struct lock_renewal_stats_t *stats, size_t size);
 
 #ifdef __cplusplus
 }  // extern "C"

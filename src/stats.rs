@@ -86,7 +86,8 @@ impl RenewalStats {
 
     /// How late (past the moment a third of the way into the lease) the renewals were
     /// sent: the smallest lateness that `q` (0.0 to 1.0) of them did not exceed, rounded
-    /// up (to within 19 %). Zero when there were none.
+    /// up (to within 19 %), but never above [`max_lateness`](Self::max_lateness). Zero
+    /// when there were none.
     pub fn lateness_quantile(&self, q: f64) -> Duration {
         let total: u64 = self.lateness.iter().sum();
         if total == 0 {
@@ -97,7 +98,7 @@ impl RenewalStats {
         for (i, n) in self.lateness.iter().enumerate() {
             seen += n;
             if seen >= wanted {
-                return Duration::from_micros(bucket_top(i));
+                return Duration::from_micros(bucket_top(i)).min(self.max_lateness);
             }
         }
         self.max_lateness
@@ -142,7 +143,7 @@ mod tests {
         let mut stats = RenewalStats {
             renewals: 0,
             failures: 0,
-            max_lateness: Duration::ZERO,
+            max_lateness: Duration::from_micros(1000),
             lateness: vec![0; BUCKETS],
         };
         for us in 1..=1000u64 {
@@ -152,5 +153,22 @@ mod tests {
         assert!((990.0..=990.0 * 1.2).contains(&p99), "{p99}");
         let p50 = stats.lateness_quantile(0.5).as_micros() as f64;
         assert!((500.0..=600.0).contains(&p50), "{p50}");
+    }
+
+    #[test]
+    fn a_quantile_never_exceeds_the_largest_lateness() {
+        let mut stats = RenewalStats {
+            renewals: 1,
+            failures: 0,
+            max_lateness: Duration::from_micros(1000),
+            lateness: vec![0; BUCKETS],
+        };
+        stats.lateness[bucket(1000)] += 1;
+        assert!(
+            bucket_top(bucket(1000)) > 1000,
+            "the bucket's top is above the value"
+        );
+        assert_eq!(stats.lateness_quantile(1.0), stats.max_lateness);
+        assert_eq!(stats.lateness_quantile(0.5), stats.max_lateness);
     }
 }

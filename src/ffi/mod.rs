@@ -9,6 +9,7 @@
 
 mod args;
 pub(crate) mod handles;
+mod inspect;
 mod logging;
 mod status;
 
@@ -18,6 +19,10 @@ use std::time::Duration;
 
 use self::args::{Out, copy_out, opt_str_arg, prefix_size, read_sized, str_arg};
 use self::handles::{ChildError, HandleTable, Kind};
+pub use self::inspect::{
+    LOCK_NO_EXPIRY, lock_break, lock_check, lock_info_free, lock_info_t, lock_inspect, lock_list,
+    lock_renewal_stats, lock_renewal_stats_t, lock_server_check_free, lock_server_check_t,
+};
 pub use self::logging::{
     LOCK_LOG_DEBUG, LOCK_LOG_ERROR, LOCK_LOG_INFO, LOCK_LOG_TRACE, LOCK_LOG_WARN, lock_log_cb,
 };

@@ -116,11 +116,14 @@ fn the_header_compiles_as_c99_and_as_cpp() {
 ///   headers (the ABI can grow);
 /// - test_signals.c: signals never end a call, cancel handles, `lock_cancel_all` from a
 ///   SIGTERM handler, the `on_interrupt` callback;
-/// - test_kinds.c: semaphores and read-write locks, whose holds are ordinary lock handles.
+/// - test_kinds.c: semaphores and read-write locks, whose holds are ordinary lock handles;
+/// - test_inspect.c: the operators' views (inspect, list, break, check, renewal figures),
+///   whose results the caller frees.
 const C_TESTS: &[&str] = &[
     "bindings/c/tests/test_abi.c",
     "bindings/c/tests/test_signals.c",
     "bindings/c/tests/test_kinds.c",
+    "bindings/c/tests/test_inspect.c",
 ];
 
 fn stem(source: &str) -> &str {

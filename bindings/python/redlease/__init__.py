@@ -47,7 +47,13 @@ folders (never the current directory's).
 #               of acquired handles, early loss reports, the cleanup when a client closes
 #   _locks      Lock, Semaphore, RwLock
 #   _async      AsyncLock, the asyncio face of a Lock
+#   _inspect    the operators' views: LockInfo, ServerCheck, RenewalStats
+#   _from_redis the redlease client for a redis-py client (Client.from_redis)
 #   _client     Client
+#
+# and, imported only by who asks for it (it needs redis-py):
+#
+#   redis_py    redis-py's Lock interface over redlease (Lock, AsyncLock)
 from ._async import AsyncLock
 from ._cancel import CancelToken, cancel_all, reset_cancel_all
 from ._client import Client
@@ -63,6 +69,7 @@ from ._errors import (
     RedleaseError,
     ReplicationError,
 )
+from ._inspect import LockInfo, RenewalStats, ServerCheck, renewal_stats
 from ._locks import Lock, RwLock, Semaphore
 from ._logging import set_log_level
 from ._native import version
@@ -92,4 +99,8 @@ __all__ = [
     "ReplicationError",
     "version",
     "set_log_level",
+    "LockInfo",
+    "ServerCheck",
+    "RenewalStats",
+    "renewal_stats",
 ]

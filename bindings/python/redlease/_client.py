@@ -8,9 +8,9 @@ objects of ``_locks``, and their asyncio face is ``_async``.
 import os
 import threading
 from ctypes import byref, c_bool, c_char_p
-from typing import Optional, Sequence, Tuple, Type, Union
+from typing import List, Optional, Sequence, Tuple, Type, Union
 
-from . import _args, _from_redis, _native, _registry
+from . import _args, _from_redis, _inspect, _native, _registry
 from ._args import Key
 from ._async import AsyncLock, _off_loop
 from ._cancel import CancelToken
@@ -275,6 +275,29 @@ class Client:
         out = c_bool()
         _native.check(lib.lock_is_locked(self.handle, _args.key_bytes(key), byref(out)))
         return out.value
+
+    def inspect(self, name: Key) -> "_inspect.LockInfo":
+        """Who holds the lock ``name`` now, for how long, its last fencing token and its
+        waiters. One round trip. Raises :class:`InvalidArgumentError` on a Redlock client."""
+        return _inspect.inspect(self.handle, name)
+
+    def locks(self, pattern: str = "*", limit: int = 1000) -> "List[_inspect.LockInfo]":
+        """The locks held now whose names match the glob ``pattern`` (``*``, ``?``), at most
+        ``limit`` of them. Scans the keyspace in steps (``SCAN``)."""
+        return _inspect.locks(self.handle, pattern, limit)
+
+    def break_lock(self, name: Key, holder: str) -> None:
+        """Deletes the lock ``name`` held by someone else, only while its key still holds
+        ``holder`` (what :meth:`inspect` showed). The old holder finds its lock lost at its
+        next renewal, but its critical section may still run: use it only for a holder
+        known to be gone, and rely on fencing tokens. Raises :class:`LockNotHeldError` when
+        the key no longer holds ``holder`` (nothing deleted)."""
+        _inspect.break_lock(self.handle, name, holder)
+
+    def check(self) -> "_inspect.ServerCheck":
+        """Connects and reports the server's version, eviction policy, persistence, and a
+        few round trips: what to look at before trusting it with locks."""
+        return _inspect.check(self.handle)
 
     async def is_locked_async(self, key: Key) -> bool:
         """The asyncio face of :meth:`is_locked`: the round trip runs in a worker thread."""

@@ -84,6 +84,58 @@ class AcquireOptions(Structure):
     ]
 
 
+class LockInfo_t(Structure):
+    """``lock_info_t``: allocated by the library, freed with ``lock_info_free``."""
+
+
+LockInfo_t._fields_ = [
+    ("key", c_char_p),
+    ("holder", c_char_p),
+    ("remaining_ms", c_uint64),
+    ("fencing_token", c_uint64),
+    ("waiters", c_uint64),
+    ("owner", c_char_p),
+    ("holds", c_uint64),
+    ("next", POINTER(LockInfo_t)),
+]
+
+
+class ServerCheck_t(Structure):
+    """``lock_server_check_t``: allocated by the library, freed with
+    ``lock_server_check_free``."""
+
+    _fields_ = [
+        ("version", c_char_p),
+        ("maxmemory_policy", c_char_p),
+        ("save", c_char_p),
+        ("appendonly", c_char_p),
+        ("appendfsync", c_char_p),
+        ("may_evict_locks", c_bool),
+        ("loses_data_on_restart", c_int32),
+        ("round_trips_us", POINTER(c_uint64)),
+        ("round_trip_count", c_size_t),
+    ]
+
+
+class RenewalStats_t(Structure):
+    """``lock_renewal_stats_t``."""
+
+    _fields_ = [
+        ("size", c_size_t),
+        ("renewals", c_uint64),
+        ("failures", c_uint64),
+        ("max_lateness_us", c_uint64),
+        ("lateness_p50_us", c_uint64),
+        ("lateness_p90_us", c_uint64),
+        ("lateness_p99_us", c_uint64),
+        ("lateness_p999_us", c_uint64),
+    ]
+
+
+#: ``remaining_ms`` of a lock without expiry, or of a free one.
+LOCK_NO_EXPIRY = 2**64 - 1
+
+
 def _candidates() -> List[Path]:
     """Where the library may be, in order: ``REDLEASE_LIB`` (a path; then nothing else), the
     copy bundled in this package, and, for a package used from a source checkout (its
@@ -166,6 +218,17 @@ _declare("lock_cancel", c_int32, [lock_cancel_t])
 _declare("lock_cancel_free", c_int32, [lock_cancel_t])
 _declare("lock_cancel_all", c_int32, [])
 _declare("lock_cancel_reset", c_int32, [])
+_declare("lock_inspect", c_int32, [lock_client_t, c_char_p, POINTER(POINTER(LockInfo_t))])
+_declare(
+    "lock_list",
+    c_int32,
+    [lock_client_t, c_char_p, c_size_t, POINTER(POINTER(LockInfo_t)), POINTER(c_size_t)],
+)
+_declare("lock_info_free", c_int32, [POINTER(LockInfo_t)])
+_declare("lock_break", c_int32, [lock_client_t, c_char_p, c_char_p])
+_declare("lock_check", c_int32, [lock_client_t, POINTER(POINTER(ServerCheck_t))])
+_declare("lock_server_check_free", c_int32, [POINTER(ServerCheck_t)])
+_declare("lock_renewal_stats", c_int32, [POINTER(RenewalStats_t), c_size_t])
 _declare("lock_last_error", c_char_p, [])
 _declare("lock_status_name", c_char_p, [c_int32])
 _declare("lock_version", c_char_p, [])

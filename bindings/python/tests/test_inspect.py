@@ -1,0 +1,82 @@
+"""The operators' views from Python, through the C ABI: inspect, locks, break_lock, check,
+renewal_stats."""
+
+import time
+
+import pytest
+
+import redlease
+
+
+def test_inspect_shows_the_holder_its_lease_and_fencing_token(client):
+    free = client.inspect("i:a")
+    assert free.key == "i:a" and free.holder is None and free.remaining is None
+    lk = client.acquire("i:a", ttl=10, wait=0)
+    info = client.inspect("i:a")
+    assert info.holder == lk.token
+    assert 5 < info.remaining <= 10
+    assert info.fencing_token == lk.fencing_token
+    assert info.waiters == 0 and info.reentrant is None
+    lk.release()
+
+
+def test_inspect_shows_a_reentrant_owner_and_its_holds(client):
+    first = client.acquire("i:re", wait=0, reentrant=True, owner="py-owner")
+    second = client.acquire("i:re", wait=0, reentrant=True, owner="py-owner")
+    assert client.inspect("i:re").reentrant == ("py-owner", 2)
+    second.release()
+    first.release()
+
+
+def test_locks_lists_the_held_locks_that_match(client):
+    held = [client.acquire(name, wait=0) for name in ("i:l:1", "i:l:2", "i:other")]
+    infos = client.locks("i:l:*")
+    assert sorted(i.key for i in infos) == ["i:l:1", "i:l:2"]
+    assert all(i.holder for i in infos)
+    assert len(client.locks("i:l:*", limit=1)) == 1
+    assert client.locks("i:none:*") == []
+    with pytest.raises(redlease.InvalidArgumentError):
+        client.locks("*", limit=0)
+    with pytest.raises(redlease.InvalidArgumentError):
+        client.locks(b"*")  # type: ignore[arg-type]
+    for lk in held:
+        lk.release()
+
+
+def test_break_lock_deletes_only_the_holder_shown(client):
+    lk = client.acquire("i:brk", wait=0)
+    with pytest.raises(redlease.LockNotHeldError):
+        client.break_lock("i:brk", "someone-else")
+    assert client.is_locked("i:brk")
+    client.break_lock("i:brk", client.inspect("i:brk").holder)
+    assert not client.is_locked("i:brk")
+    with pytest.raises(redlease.LockNotHeldError):
+        lk.extend(10)
+    assert lk.release() is False
+
+
+def test_check_reports_the_server(client):
+    check = client.check()
+    assert check.version.count(".") >= 1
+    assert check.maxmemory_policy is not None
+    assert check.loses_data_on_restart is True  # the test server has no RDB and no AOF
+    assert check.round_trips and all(0 < t < 5 for t in check.round_trips)
+
+
+def test_renewal_stats_count_renewals(client):
+    before = redlease.renewal_stats()
+    lk = client.acquire("i:stats", ttl=0.3, wait=0)
+    time.sleep(0.7)  # renewed every 0.1 s
+    after = redlease.renewal_stats()
+    lk.release()
+    assert after.renewals >= before.renewals + 2
+    assert 0 <= after.lateness_p50 <= after.lateness_p99 <= after.lateness_p999
+    assert after.lateness_p999 <= after.max_lateness
+
+
+def test_the_views_are_refused_on_a_redlock_client(server):
+    with redlease.Client.redlock([server.url]) as rl:
+        with pytest.raises(redlease.InvalidArgumentError, match="Redlock"):
+            rl.inspect("x")
+        with pytest.raises(redlease.InvalidArgumentError, match="Redlock"):
+            rl.locks()
