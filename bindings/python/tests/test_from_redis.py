@@ -241,3 +241,33 @@ def test_tls_and_its_ca_file_are_carried(tmp_path):
             redlease.Client.from_redis(unverified).acquire("job", wait=0)
     finally:
         srv.stop()
+
+
+def test_an_acl_user_is_carried(tmp_path):
+    srv = RedisServer(tmp_path)
+    try:
+        srv.redis().execute_command("ACL", "SETUSER", "locker", "on", ">pw", "~*", "+@all")
+        r = redis.Redis(host="127.0.0.1", port=srv.port, username="locker", password="pw")
+        client = redlease.Client.from_redis(r)
+        assert "locker" in client.url and "pw" not in client.url.replace("locker", "")
+        with client.acquire("job") as lk:
+            assert holds(r, "job", lk)
+    finally:
+        srv.stop()
+
+
+def test_the_socket_timeout_bounds_every_call(server):
+    """A server that stops answering: the acquire fails after about the redis-py client's
+    socket_timeout (0.3 s), not redlease's default of 2 s."""
+    r = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=0.3)
+    client = redlease.Client.from_redis(r)
+    client.acquire("warm", wait=0).release()  # connected before the server stops
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(redlease.RedisConnectionError):
+            client.acquire("job", wait=0)
+        took = time.monotonic() - start
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert 0.25 <= took < 1.5, took
