@@ -171,6 +171,22 @@
 #define LOCK_ERR_REPLICATION -6
 
 /**
+ * `cause` of `lock_error_info_t`: nothing more to say (also after `LOCK_OK`).
+ */
+#define LOCK_CAUSE_NONE 0
+
+/**
+ * `cause`: no reply (or no connection, or no pooled connection) in time.
+ */
+#define LOCK_CAUSE_TIMEOUT 1
+
+/**
+ * `cause`: the connection failed: refused, unreachable, closed by the server, or broken
+ * while a request was out (`outcome_unknown` tells which).
+ */
+#define LOCK_CAUSE_CONNECTION 2
+
+/**
  * Client options. Fill with `lock_client_options_init(&opts, sizeof opts)` (which sets
  * `size`), then change what you need. The struct may gain fields at its end in later
  * versions: a program built against an older header passes its smaller size, and the
@@ -334,6 +350,31 @@ typedef struct lock_acquire_options_t {
    */
   lock_user_data_free_cb user_data_free;
 } lock_acquire_options_t;
+
+/**
+ * What this thread's last call ended with, beyond its status: fill with
+ * `lock_last_error_info(&info, sizeof info)`. A later version may add fields at the end.
+ */
+typedef struct lock_error_info_t {
+  /**
+   * `sizeof` the struct, as the caller passed it.
+   */
+  size_t size;
+  /**
+   * The last call's status.
+   */
+  int32_t status;
+  /**
+   * A request was sent whose reply never came: it may have run on the server. After an
+   * acquire, the library tried to give back what it may have taken (at worst it lapses
+   * after its lease); after a release, the lock may or may not be released yet.
+   */
+  bool outcome_unknown;
+  /**
+   * `LOCK_CAUSE_TIMEOUT`, `LOCK_CAUSE_CONNECTION`, or `LOCK_CAUSE_NONE`.
+   */
+  int32_t cause;
+} lock_error_info_t;
 
 /**
  * Receives one log record: `level` is one of `LOCK_LOG_ERROR` ... `LOCK_LOG_TRACE`,
@@ -731,6 +772,17 @@ int32_t lock_cancel_reset(void);
  * this thread's next call into the library. Never contains the URL's password.
  */
 const char *lock_last_error(void);
+
+/**
+ * Fills `info` with what this thread's last call (other than this one, `lock_last_error`,
+ * `lock_status_name` and `lock_version`) ended with, beyond its status: whether a request
+ * went out whose reply never came (`outcome_unknown`), and whether it failed for a timeout
+ * or a connection failure (`cause`): a refused or unreachable server is
+ * `LOCK_CAUSE_CONNECTION` without `outcome_unknown` (nothing was sent). Pass
+ * `sizeof *info` as `size`. Does not change what it reports. Errors: `LOCK_ERR_ARGUMENT`
+ * for NULL or a size that is not the size of a version of the struct.
+ */
+int32_t lock_last_error_info(struct lock_error_info_t *info, size_t size);
 
 /**
  * The name of a status code (`"LOCK_BUSY"`, ...), a static string; never NULL.

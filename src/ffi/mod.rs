@@ -28,8 +28,9 @@ pub use self::logging::{
 };
 use self::status::{Failure, boundary};
 pub use self::status::{
-    LOCK_BUSY, LOCK_CANCELLED, LOCK_ERR_ARGUMENT, LOCK_ERR_CONNECTION, LOCK_ERR_HANDLE,
-    LOCK_ERR_INTERNAL, LOCK_ERR_REDIS, LOCK_ERR_REPLICATION, LOCK_NOT_HELD, LOCK_OK,
+    LOCK_BUSY, LOCK_CANCELLED, LOCK_CAUSE_CONNECTION, LOCK_CAUSE_NONE, LOCK_CAUSE_TIMEOUT,
+    LOCK_ERR_ARGUMENT, LOCK_ERR_CONNECTION, LOCK_ERR_HANDLE, LOCK_ERR_INTERNAL, LOCK_ERR_REDIS,
+    LOCK_ERR_REPLICATION, LOCK_NOT_HELD, LOCK_OK, lock_error_info_t,
 };
 use crate::{CancelToken, Client, ClientOptions, LockBuilder, LockGuard, LostReason};
 
@@ -993,6 +994,30 @@ pub extern "C" fn lock_cancel_reset() -> i32 {
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_last_error() -> *const c_char {
     status::last_error()
+}
+
+/// Fills `info` with what this thread's last call (other than this one, `lock_last_error`,
+/// `lock_status_name` and `lock_version`) ended with, beyond its status: whether a request
+/// went out whose reply never came (`outcome_unknown`), and whether it failed for a timeout
+/// or a connection failure (`cause`): a refused or unreachable server is
+/// `LOCK_CAUSE_CONNECTION` without `outcome_unknown` (nothing was sent). Pass
+/// `sizeof *info` as `size`. Does not change what it reports. Errors: `LOCK_ERR_ARGUMENT`
+/// for NULL or a size that is not the size of a version of the struct.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lock_last_error_info(info: *mut lock_error_info_t, size: usize) -> i32 {
+    let (status, outcome_unknown, cause) = status::last_info();
+    let now = lock_error_info_t {
+        size,
+        status,
+        outcome_unknown,
+        cause,
+    };
+    let sizes = [std::mem::size_of::<lock_error_info_t>()];
+    // SAFETY: `info` is NULL or writable for `size` bytes (the caller's contract).
+    match unsafe { init_sized(info, size, now, &sizes, "info") } {
+        Ok(()) => LOCK_OK,
+        Err(failure) => failure.status,
+    }
 }
 
 /// The name of a status code (`"LOCK_BUSY"`, ...), a static string; never NULL.

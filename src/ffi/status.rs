@@ -1,6 +1,6 @@
 //! Status codes, this thread's last error message, and the panic boundary.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{CStr, CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -35,10 +35,37 @@ pub const LOCK_ERR_INTERNAL: i32 = -5;
 /// Too few replicas acknowledged the write (`min_replicas`): the acquire was rolled back.
 pub const LOCK_ERR_REPLICATION: i32 = -6;
 
-/// An error on its way to C: a status and a message.
+/// `cause` of `lock_error_info_t`: nothing more to say (also after `LOCK_OK`).
+pub const LOCK_CAUSE_NONE: i32 = 0;
+/// `cause`: no reply (or no connection, or no pooled connection) in time.
+pub const LOCK_CAUSE_TIMEOUT: i32 = 1;
+/// `cause`: the connection failed: refused, unreachable, closed by the server, or broken
+/// while a request was out (`outcome_unknown` tells which).
+pub const LOCK_CAUSE_CONNECTION: i32 = 2;
+
+/// What this thread's last call ended with, beyond its status: fill with
+/// `lock_last_error_info(&info, sizeof info)`. A later version may add fields at the end.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct lock_error_info_t {
+    /// `sizeof` the struct, as the caller passed it.
+    pub size: usize,
+    /// The last call's status.
+    pub status: i32,
+    /// A request was sent whose reply never came: it may have run on the server. After an
+    /// acquire, the library tried to give back what it may have taken (at worst it lapses
+    /// after its lease); after a release, the lock may or may not be released yet.
+    pub outcome_unknown: bool,
+    /// `LOCK_CAUSE_TIMEOUT`, `LOCK_CAUSE_CONNECTION`, or `LOCK_CAUSE_NONE`.
+    pub cause: i32,
+}
+
+/// An error on its way to C: a status, a message, and what more it knows.
 pub(crate) struct Failure {
     pub status: i32,
     pub message: String,
+    pub outcome_unknown: bool,
+    pub cause: i32,
 }
 
 impl Failure {
@@ -46,6 +73,8 @@ impl Failure {
         Failure {
             status,
             message: message.into(),
+            outcome_unknown: false,
+            cause: LOCK_CAUSE_NONE,
         }
     }
 
@@ -73,12 +102,33 @@ impl From<Error> for Failure {
             ErrorKind::InvalidArgument => LOCK_ERR_ARGUMENT,
             _ => LOCK_ERR_INTERNAL,
         };
-        Failure::new(status, e.to_string())
+        let cause = match e.kind() {
+            ErrorKind::Timeout => LOCK_CAUSE_TIMEOUT,
+            ErrorKind::Connection => LOCK_CAUSE_CONNECTION,
+            _ => LOCK_CAUSE_NONE,
+        };
+        Failure {
+            outcome_unknown: e.outcome_unknown(),
+            cause,
+            ..Failure::new(status, e.to_string())
+        }
     }
 }
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    static LAST_INFO: Cell<(i32, bool, i32)> = const { Cell::new((LOCK_OK, false, LOCK_CAUSE_NONE)) };
+}
+
+fn set_last_info(status: i32, outcome_unknown: bool, cause: i32) {
+    let _ = LAST_INFO.try_with(|i| i.set((status, outcome_unknown, cause)));
+}
+
+/// This thread's last call's status, whether its outcome is unknown, and its cause.
+pub(crate) fn last_info() -> (i32, bool, i32) {
+    LAST_INFO
+        .try_with(Cell::get)
+        .unwrap_or((LOCK_OK, false, LOCK_CAUSE_NONE))
 }
 
 fn set_last_error(message: &str) {
@@ -111,10 +161,12 @@ pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Failure>) -> i32 {
     match outcome {
         Ok(()) => {
             set_last_error("");
+            set_last_info(LOCK_OK, false, LOCK_CAUSE_NONE);
             LOCK_OK
         }
         Err(failure) => {
             set_last_error(&failure.message);
+            set_last_info(failure.status, failure.outcome_unknown, failure.cause);
             failure.status
         }
     }

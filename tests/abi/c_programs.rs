@@ -66,7 +66,8 @@ fn compile_c(source: &str, output: &Path, static_lib: &Path, extra: &[&str]) {
 fn env_for(cmd: &mut Command, server: &RedisServer) {
     cmd.env("REDIS_URL", server.url())
         .env("REDIS_HOST", "127.0.0.1")
-        .env("REDIS_PORT", server.port.to_string());
+        .env("REDIS_PORT", server.port.to_string())
+        .env("REDIS_PID", server.pid().to_string());
 }
 
 #[test]

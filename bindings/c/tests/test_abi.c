@@ -1,8 +1,9 @@
 /*
  * Tests of the C ABI against a real redis-server (started by tests/abi/c_programs.rs).
  *
- * Environment: REDIS_URL, REDIS_HOST, REDIS_PORT; REDLEASE_TEST_ROUNDS (per thread in the
- * contention test, default 200). Prints "N passed, M failed" and exits non-zero on failure.
+ * Environment: REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_PID (the last test pauses the
+ * server with SIGSTOP); REDLEASE_TEST_ROUNDS (per thread in the contention test, default
+ * 200). Prints "N passed, M failed" and exits non-zero on failure.
  * Shared helpers (CHECK, raw_command, ...) are in test_harness.h; signals and cancellation
  * are tested by test_signals.c.
  */
@@ -10,6 +11,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -729,6 +731,67 @@ static void test_new_statuses_ttl_floor_and_reserved_names(void) {
     CHECK_STATUS(lock_client_close(client), LOCK_OK);
 }
 
+/* A TCP port on 127.0.0.1 that nobody listens on (bound, read, closed). */
+static int unused_port(void) {
+    struct sockaddr_in addr;
+    socklen_t len = sizeof addr;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0 &&
+        getsockname(fd, (struct sockaddr *)&addr, &len) == 0) {
+        port = ntohs(addr.sin_port);
+    }
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* Last: it pauses the server. */
+static void test_last_error_info_tells_a_timeout_from_a_refused_connection(void) {
+    lock_error_info_t info;
+    lock_client_options_t copts;
+    lock_client_t refused = 0, client = 0;
+    lock_t lock = 0;
+    char nowhere[64];
+    const char *pid_text = getenv("REDIS_PID");
+    pid_t pid = pid_text ? (pid_t)atol(pid_text) : 0;
+
+    /* Nothing listens: refused, and nothing was sent. */
+    snprintf(nowhere, sizeof nowhere, "redis://127.0.0.1:%d/0", unused_port());
+    CHECK_STATUS(lock_client_open(nowhere, &refused), LOCK_OK);
+    CHECK_STATUS(lock_acquire(refused, "c:info", 10000, 0, &lock), LOCK_ERR_CONNECTION);
+    memset(&info, 0xff, sizeof info);
+    CHECK_STATUS(lock_last_error_info(&info, sizeof info), LOCK_OK);
+    CHECK(info.size == sizeof info && info.status == LOCK_ERR_CONNECTION);
+    CHECK(info.cause == LOCK_CAUSE_CONNECTION && !info.outcome_unknown);
+    /* It reports the last call other than itself: asking again says the same. */
+    CHECK_STATUS(lock_last_error_info(&info, sizeof info), LOCK_OK);
+    CHECK(info.status == LOCK_ERR_CONNECTION);
+    CHECK_STATUS(lock_client_close(refused), LOCK_OK);
+    CHECK_STATUS(lock_last_error_info(&info, sizeof info), LOCK_OK);
+    CHECK(info.status == LOCK_OK && info.cause == LOCK_CAUSE_NONE && !info.outcome_unknown);
+
+    CHECK_STATUS(lock_last_error_info(NULL, sizeof info), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_last_error_info(&info, 3), LOCK_ERR_ARGUMENT);
+
+    /* A paused server: the acquire goes out and no reply comes in time. */
+    CHECK(pid > 0);
+    if (pid <= 0) return;
+    CHECK_STATUS(lock_client_options_init(&copts, sizeof copts), LOCK_OK);
+    copts.io_timeout_ms = 300 * (uint64_t)slack;
+    CHECK_STATUS(lock_client_open_opts(url, &copts, &client), LOCK_OK);
+    CHECK_STATUS(lock_acquire(client, "c:info-warm", 10000, 0, &lock), LOCK_OK);
+    CHECK_STATUS(lock_release(lock), LOCK_OK);
+    kill(pid, SIGSTOP);
+    CHECK_STATUS(lock_acquire(client, "c:info", 10000, 0, &lock), LOCK_ERR_CONNECTION);
+    CHECK_STATUS(lock_last_error_info(&info, sizeof info), LOCK_OK);
+    kill(pid, SIGCONT);
+    CHECK(info.status == LOCK_ERR_CONNECTION && info.cause == LOCK_CAUSE_TIMEOUT);
+    CHECK(info.outcome_unknown);
+    CHECK_STATUS(lock_client_close(client), LOCK_OK);
+}
+
 int main(void) {
     if (harness_init() != 0) return 2;
 
@@ -743,6 +806,7 @@ int main(void) {
     test_options_size_is_checked();
     test_new_statuses_ttl_floor_and_reserved_names();
     test_user_data_is_given_back_once_the_library_is_done_with_it();
+    test_last_error_info_tells_a_timeout_from_a_refused_connection();
 
     return harness_report();
 }

@@ -1,12 +1,19 @@
 """Exceptions, one per C status code, generated from one table."""
 
-from typing import Dict, Type
+from typing import Dict, Optional, Type
 
 
 class RedleaseError(Exception):
-    """Base of every redlease error. ``status`` is the C status code."""
+    """Base of every redlease error. ``status`` is the C status code. ``outcome_unknown``:
+    a request went out whose reply never came, so it may have run on the server (after an
+    acquire, the library tried to give back what it may have taken; at worst it lapses
+    after its lease). ``cause``: ``"timeout"`` (no reply, or no connection, in time),
+    ``"connection"`` (refused, unreachable or broken; nothing was sent unless
+    ``outcome_unknown``), or None."""
 
     status: int = 0
+    outcome_unknown: bool = False
+    cause: "Optional[str]" = None
 
     def __init__(self, message: str = "", status: int = 0) -> None:
         super().__init__(message)

@@ -38,6 +38,9 @@ LOCK_LOG_WARN = 2
 LOCK_LOG_INFO = 3
 LOCK_LOG_DEBUG = 4
 LOCK_LOG_TRACE = 5
+LOCK_CAUSE_NONE = 0
+LOCK_CAUSE_TIMEOUT = 1
+LOCK_CAUSE_CONNECTION = 2
 
 # void (*lock_lost_cb)(lock_t lock, int32_t reason, void *user_data)
 LOST_CALLBACK = CFUNCTYPE(None, lock_t, c_int32, c_void_p)
@@ -130,6 +133,21 @@ class RenewalStats_t(Structure):
         ("lateness_p99_us", c_uint64),
         ("lateness_p999_us", c_uint64),
     ]
+
+
+class ErrorInfo_t(Structure):
+    """``lock_error_info_t``."""
+
+    _fields_ = [
+        ("size", c_size_t),
+        ("status", c_int32),
+        ("outcome_unknown", c_bool),
+        ("cause", c_int32),
+    ]
+
+
+#: The ``cause`` attribute of an exception, by ``lock_error_info_t.cause``.
+CAUSES = {LOCK_CAUSE_TIMEOUT: "timeout", LOCK_CAUSE_CONNECTION: "connection"}
 
 
 #: ``remaining_ms`` of a lock without expiry, or of a free one.
@@ -230,6 +248,7 @@ _declare("lock_check", c_int32, [lock_client_t, POINTER(POINTER(ServerCheck_t))]
 _declare("lock_server_check_free", c_int32, [POINTER(ServerCheck_t)])
 _declare("lock_renewal_stats", c_int32, [POINTER(RenewalStats_t), c_size_t])
 _declare("lock_last_error", c_char_p, [])
+_declare("lock_last_error_info", c_int32, [POINTER(ErrorInfo_t), c_size_t])
 _declare("lock_status_name", c_char_p, [c_int32])
 _declare("lock_version", c_char_p, [])
 _declare("lock_set_log_callback", c_int32, [c_int32, LOG_CALLBACK, c_void_p])
@@ -270,9 +289,15 @@ def acquire_options() -> AcquireOptions:
 
 
 def check(status: int) -> int:
-    """Raises the exception for a non-OK status, with this thread's message."""
+    """Raises the exception for a non-OK status, with this thread's message, whether the
+    outcome is unknown and the cause (``lock_last_error_info``)."""
     if status != LOCK_OK:
-        raise error_for(status, last_error())
+        error = error_for(status, last_error())
+        info = ErrorInfo_t()
+        if lib.lock_last_error_info(ctypes.byref(info), ctypes.sizeof(info)) == LOCK_OK:
+            error.outcome_unknown = bool(info.outcome_unknown)
+            error.cause = CAUSES.get(info.cause)
+        raise error
     return status
 
 

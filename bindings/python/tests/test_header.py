@@ -140,6 +140,7 @@ _STRUCTS = {
     "lock_info_t": _native.LockInfo_t,
     "lock_server_check_t": _native.ServerCheck_t,
     "lock_renewal_stats_t": _native.RenewalStats_t,
+    "lock_error_info_t": _native.ErrorInfo_t,
 }
 
 

@@ -5,6 +5,7 @@ import gc
 import math
 import multiprocessing
 import os
+import signal
 import threading
 import time
 
@@ -408,3 +409,33 @@ def test_an_error_carries_its_status_and_message(client):
     assert err.value.status == LockBusyError.status == 1
     assert "status" in str(err.value)
     holder.release()
+
+
+def test_errors_say_whether_the_outcome_is_unknown_and_why(server):
+    """A refused connection sent nothing; a paused server's acquire went out and got no
+    reply: outcome_unknown, cause "timeout"."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with redlease.Client(f"redis://127.0.0.1:{port}/0") as nowhere:
+        with pytest.raises(redlease.RedisConnectionError) as info:
+            nowhere.acquire("x", wait=0)
+    assert info.value.outcome_unknown is False and info.value.cause == "connection"
+
+    with redlease.Client(server.url, io_timeout=0.3) as client:
+        client.acquire("warm", wait=0).release()
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(redlease.RedisConnectionError) as info:
+                client.acquire("x", wait=0)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+    assert info.value.outcome_unknown is True and info.value.cause == "timeout"
+    with redlease.Client(server.url) as client:
+        held = client.acquire("y", wait=0)
+        with pytest.raises(redlease.LockBusyError) as busy:
+            client.acquire("y", wait=0)
+        held.release()
+    assert busy.value.outcome_unknown is False and busy.value.cause is None
