@@ -85,6 +85,26 @@
 #define LOCK_NO_EXPIRY UINT64_MAX
 
 /**
+ * `lock_info_t.held_as`: nobody holds the name.
+ */
+#define LOCK_HELD_NONE 0
+
+/**
+ * `lock_info_t.held_as`: a mutex (reentrant or not).
+ */
+#define LOCK_HELD_MUTEX 1
+
+/**
+ * `lock_info_t.held_as`: a counting semaphore (`count` permits held).
+ */
+#define LOCK_HELD_SEMAPHORE 2
+
+/**
+ * `lock_info_t.held_as`: a read-write lock (its writer, or `count` readers).
+ */
+#define LOCK_HELD_RWLOCK 3
+
+/**
  * Log level: errors (a renewal thread panicked, fork detection unavailable).
  */
 #define LOCK_LOG_ERROR 1
@@ -430,6 +450,16 @@ typedef struct lock_info_t {
    * The next lock of a `lock_list` result; NULL at the end.
    */
   struct lock_info_t *next;
+  /**
+   * What holds the name now: `LOCK_HELD_NONE` (free), `LOCK_HELD_MUTEX`,
+   * `LOCK_HELD_SEMAPHORE` or `LOCK_HELD_RWLOCK` (`holder` is then the writer's token, or
+   * NULL when readers hold it).
+   */
+  int32_t held_as;
+  /**
+   * A semaphore's permits held, or a read-write lock's readers; 0 otherwise.
+   */
+  uint64_t count;
 } lock_info_t;
 
 /**

@@ -33,28 +33,78 @@ pub struct LockInfo {
     pub waiters: u64,
     /// For a reentrant lock: its owner and how many holds the owner has.
     pub reentrant: Option<(String, u64)>,
+    /// What the name is held as now; `None` when free.
+    pub held_as: Option<HeldAs>,
 }
 
-/// `INSPECT`: a consistent view of a lock.
+/// What kind of lock holds a name now ([`LockInfo::held_as`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeldAs {
+    /// A mutex, reentrant or not: [`LockInfo::holder`] is its token.
+    Mutex,
+    /// A counting semaphore with this many permits held.
+    Semaphore {
+        /// Permits held now (their leases not ended).
+        permits: u64,
+    },
+    /// A read-write lock: held for writing ([`LockInfo::holder`] is the writer's token) or
+    /// by this many readers.
+    ReadWrite {
+        /// Readers holding it now (their leases not ended).
+        readers: u64,
+    },
+}
+
+/// `INSPECT`: a consistent view of a lock, of whatever kind holds the name.
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] queue, KEYS[4] reentrant holds
 /// - Returns `{holder or false, pttl, fence or false, live registrations, reentrant owner
-///   or false, holds}`.
+///   or false, holds, kind, count}`: kind `mutex`, `semaphore` (count: live permits),
+///   `rwlock` (holder: the live writer's token; count: live readers) or false (free).
 static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local kind = redis.call('TYPE', KEYS[1]).ok
+local fence = redis.call('GET', KEYS[2])
+local waiters = redis.call('ZCOUNT', KEYS[3], now_ms, '+inf')
+local pttl = redis.call('PTTL', KEYS[1])
+if kind == 'zset' then
+  local permits = redis.call('ZCOUNT', KEYS[1], now_ms, '+inf')
+  return {false, pttl, fence, waiters, false, 0, permits > 0 and 'semaphore', permits}
+end
+if kind == 'hash' then
+  local writer, readers = false, 0
+  local fields = redis.call('HGETALL', KEYS[1])
+  for i = 1, #fields, 2 do
+    local name, value = fields[i], fields[i + 1]
+    local space = string.find(value, ' ')
+    local expiry = tonumber(space and string.sub(value, 1, space - 1) or value)
+    if expiry and expiry > now_ms then
+      if name == 'w' then
+        writer = space and string.sub(value, space + 1)
+      else
+        readers = readers + 1
+      end
+    end
+  end
+  local held = writer or readers > 0
+  return {writer, pttl, fence, waiters, false, 0, held and 'rwlock', readers}
+end
 local holder = redis.call('GET', KEYS[1])
 local h = redis.call('HMGET', KEYS[4], 't', 'o')
 local reentrant = holder and h[1] == holder
 return {
   holder,
-  redis.call('PTTL', KEYS[1]),
-  redis.call('GET', KEYS[2]),
-  redis.call('ZCOUNT', KEYS[3], now_ms, '+inf'),
+  pttl,
+  fence,
+  waiters,
   reentrant and h[2],
   reentrant and redis.call('HLEN', KEYS[4]) - 3 or 0,
+  holder and 'mutex',
+  0,
 }
 "
         .to_owned(),
@@ -127,15 +177,24 @@ impl Client {
             u64,
             Option<String>,
             u64,
+            Option<String>,
+            u64,
         );
-        let (holder, pttl, fence, waiters, owner, holds): Inspected = reply(value)?;
+        let (holder, pttl, fence, waiters, owner, holds, kind, count): Inspected = reply(value)?;
+        let held_as = match kind.as_deref() {
+            Some("mutex") => Some(HeldAs::Mutex),
+            Some("semaphore") => Some(HeldAs::Semaphore { permits: count }),
+            Some("rwlock") => Some(HeldAs::ReadWrite { readers: count }),
+            _ => None,
+        };
         Ok(LockInfo {
             reentrant: owner.map(|owner| (owner, holds)),
             key: keys.lock.clone(),
-            remaining: (holder.is_some() && pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            remaining: (held_as.is_some() && pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
             holder,
             fencing_token: fence.and_then(|f| f.parse().ok()),
             waiters,
+            held_as,
         })
     }
 
@@ -167,7 +226,7 @@ impl Client {
                     }
                     Err(e) => return Err(e),
                 };
-                if info.holder.is_some() {
+                if info.held_as.is_some() {
                     out.push(info);
                     if out.len() >= limit {
                         break 'counters;

@@ -82,7 +82,7 @@ pub use cancel::{CancelToken, cancel_all, reset_cancel_all};
 pub use client::{Client, RwLock};
 pub use core::lease::{LostReason, MAX_TTL, MIN_TTL};
 pub use error::{Error, ErrorKind, Result};
-pub use inspect::{LockInfo, ServerCheck};
+pub use inspect::{HeldAs, LockInfo, ServerCheck};
 pub use keys::{MAX_KEY_LEN, RESERVED_PREFIX, key_slot};
 pub use lease::loss::LostCallback;
 pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard};

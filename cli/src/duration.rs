@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-/// Parses a whole number followed by a unit: `ms`, `s`, `m` or `h`. A bare `0` is zero.
-/// Fractions are refused (write `1500ms`, not `1.5s`): an exact, unsurprising syntax.
+/// Parses a whole number followed by a unit: `ms`, `s`, `m` or `h`; a bare number is
+/// seconds, as with `flock -w 10`. Fractions are refused (write `1500ms`, not `1.5s`): an
+/// exact, unsurprising syntax.
 pub fn parse(text: &str) -> Result<Duration, String> {
-    const FORMS: &str = "a whole number and a unit: 500ms, 30s, 2m or 1h";
+    const FORMS: &str = "a whole number of seconds, or with a unit: 500ms, 30s, 2m or 1h";
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
     let (number, unit) = text.split_at(digits);
     if number.is_empty() {
@@ -19,8 +20,7 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
-        "" if n == 0 => 0,
-        "" => return Err(format!("missing unit: write {n}s or {n}ms")),
+        "" => 1_000,
         _ => return Err(format!("unknown unit {unit:?}: expected {FORMS}")),
     };
     n.checked_mul(millis_per)
@@ -77,11 +77,19 @@ mod tests {
     }
 
     #[test]
+    fn a_bare_number_is_seconds_as_with_flock() {
+        assert_eq!(parse("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse("1"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_wait("10"), Ok(Wait::UpTo(Duration::from_secs(10))));
+        assert!(parse("99999999999999999").is_err(), "too large in ms");
+    }
+
+    #[test]
     fn rejects_garbage() {
         for bad in [
             "",
             "s",
-            "30",
+            "1.5",
             "1.5s",
             "-1s",
             "30 s",

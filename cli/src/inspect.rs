@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use redlease::{Client, ErrorKind, LockInfo, ServerCheck};
+use redlease::{Client, ErrorKind, HeldAs, LockInfo, ServerCheck};
 
 use crate::duration::show;
 use crate::text::{json_opt_num, json_opt_str, json_str, print, printable, warn};
@@ -51,10 +51,8 @@ fn text_table(infos: &[LockInfo]) -> String {
     for info in infos {
         rows.push([
             printable(&info.key),
-            info.holder
-                .as_deref()
-                .map_or_else(|| "-".to_owned(), |h| printable(owner(h))),
-            match (&info.holder, info.remaining) {
+            holder_cell(info),
+            match (&info.held_as, info.remaining) {
                 (None, _) => "-".to_owned(),
                 (Some(_), Some(d)) => show(d),
                 (Some(_), None) => "no expiry".to_owned(),
@@ -86,21 +84,62 @@ fn text_table(infos: &[LockInfo]) -> String {
     out
 }
 
+/// The HOLDER column: host/pid of a mutex's holder (with a reentrant lock's owner and
+/// holds), a semaphore's permits held, a read-write lock's writer or readers.
+pub(crate) fn holder_cell(info: &LockInfo) -> String {
+    let who = |h: &str| printable(owner(h));
+    match (&info.held_as, info.holder.as_deref()) {
+        (None, _) => "-".to_owned(),
+        (Some(HeldAs::Semaphore { permits }), _) => plural(*permits, "permit"),
+        (Some(HeldAs::ReadWrite { .. }), Some(writer)) => format!("{} (writing)", who(writer)),
+        (Some(HeldAs::ReadWrite { readers }), None) => plural(*readers, "reader"),
+        (Some(_), Some(h)) => match &info.reentrant {
+            Some((o, holds)) => format!(
+                "{} (owner {}, {})",
+                who(h),
+                printable(o),
+                plural(*holds, "hold")
+            ),
+            None => who(h),
+        },
+        (Some(_), None) => "-".to_owned(),
+    }
+}
+
+fn plural(n: u64, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
 fn json_info(info: &LockInfo) -> String {
     let holder = info.holder.as_deref();
+    let (kind, permits, readers) = match &info.held_as {
+        None => (None, None, None),
+        Some(HeldAs::Semaphore { permits }) => (Some("semaphore"), Some(*permits), None),
+        Some(HeldAs::ReadWrite { readers }) => (Some("rwlock"), None, Some(*readers)),
+        Some(_) => (Some("mutex"), None, None),
+    };
+    let (reentrant_owner, holds) = match &info.reentrant {
+        Some((o, n)) => (Some(o.as_str()), Some(*n)),
+        None => (None, None),
+    };
     format!(
-        r#"{{"key":{},"held":{},"holder":{},"owner":{},"ttl_ms":{},"fencing_token":{},"waiters":{}}}"#,
+        r#"{{"key":{},"held":{},"kind":{},"holder":{},"owner":{},"ttl_ms":{},"fencing_token":{},"waiters":{},"reentrant_owner":{},"holds":{},"permits":{},"readers":{}}}"#,
         json_str(&info.key),
-        holder.is_some(),
+        info.held_as.is_some(),
+        json_opt_str(kind),
         json_opt_str(holder),
         json_opt_str(holder.map(owner)),
         json_opt_num(
-            info.holder
+            info.held_as
                 .as_ref()
                 .and(info.remaining.map(|d| d.as_millis()))
         ),
         json_opt_num(info.fencing_token),
-        info.waiters
+        info.waiters,
+        json_opt_str(reentrant_owner),
+        json_opt_num(holds),
+        json_opt_num(permits),
+        json_opt_num(readers),
     )
 }
 

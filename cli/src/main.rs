@@ -216,8 +216,24 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = exit::LOST)]
     lost_exit: u8,
     /// Say on stderr when the lock is acquired (with its fencing token) and released.
-    #[arg(short, long)]
+    #[arg(short, long, conflicts_with = "quiet")]
     verbose: bool,
+    /// Print nothing when the run is skipped because the lock is busy (cron mails every
+    /// line of output; `flock -n` is silent too). The exit status is kept.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Hold NAME shared: as a reader of the read-write lock NAME (like `flock -s`). Runs
+    /// with --shared go on together; a run with --exclusive excludes them all.
+    #[arg(short, long, conflicts_with_all = ["exclusive", "permits"])]
+    shared: bool,
+    /// Hold NAME as the writer of the read-write lock NAME: alone, excluding --shared runs
+    /// (a plain run takes a mutex, a lock of another kind that cannot share NAME with them).
+    #[arg(short = 'x', long, conflicts_with = "permits")]
+    exclusive: bool,
+    /// Take one of N permits of the counting semaphore NAME: at most N runs at once,
+    /// fleet-wide. Every run of NAME should give the same N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
     /// The command and its arguments (everything after NAME, or after `--`).
     #[arg(
         value_name = "CMD",
@@ -236,10 +252,12 @@ Examples:
   redlease status nightly-report
   redlease status deploy migrate --json
 
-Columns: KEY, HOLDER (host/pid of the holding redlease or program; - when free), TTL (time
-left unless renewed), FENCE (last fencing token handed out), WAITERS (clients waiting now).
---json prints an array of {{key, held, holder (the whole token), owner, ttl_ms,
-fencing_token, waiters}}.
+Columns: KEY, HOLDER (host/pid of the holding redlease or program, with a reentrant lock's
+owner and holds; a semaphore's permits held; a read-write lock's writer or readers; - when
+free), TTL (time left unless renewed), FENCE (last fencing token handed out), WAITERS
+(clients waiting now). --json prints an array of {{key, held, kind (mutex, semaphore,
+rwlock or null), holder (the whole token), owner, ttl_ms, fencing_token, waiters,
+reentrant_owner, holds, permits, readers}}.
 
 {SHOW_EXIT_CODES}"))]
 struct StatusArgs {

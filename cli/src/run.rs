@@ -49,32 +49,53 @@ pub fn run(args: RunArgs, connect: impl FnOnce() -> Result<Client, Fail>) -> Out
     let client = connect()?;
     let name = args.name.as_str();
 
-    let builder = client
-        .lock(name)
+    let builder = if let Some(permits) = args.permits {
+        client.semaphore(name, permits)
+    } else if args.shared {
+        client.rwlock(name).read()
+    } else if args.exclusive {
+        client.rwlock(name).write()
+    } else {
+        client.lock(name)
+    };
+    let builder = builder
         .ttl(args.ttl)
         .renew(true)
         .cancel_token(&signals.cancel);
-    let acquired = match args.wait {
-        Wait::No => builder.try_acquire(),
-        Wait::UpTo(d) => builder.acquire_timeout(d),
-        Wait::Forever => builder.acquire(),
-    };
+    let progress = args.wait != Wait::No && !args.quiet && stderr_is_a_terminal();
+    let acquired = std::thread::scope(|scope| {
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+        if progress {
+            let client = &client;
+            scope.spawn(move || show_progress(client, name, &stopped));
+        }
+        let acquired = match args.wait {
+            Wait::No => builder.try_acquire(),
+            Wait::UpTo(d) => builder.acquire_timeout(d),
+            Wait::Forever => builder.acquire(),
+        };
+        drop(stop);
+        acquired
+    });
     let guard = match acquired {
         Ok(guard) => guard,
         Err(e) if e.kind() == ErrorKind::Busy => {
-            let held_by = client
-                .inspect(name)
-                .ok()
-                .and_then(|info| info.holder)
-                .map(|h| format!(" (held by {})", crate::owner(&h)))
-                .unwrap_or_default();
-            let waited = match args.wait {
-                Wait::UpTo(d) => format!(" after waiting {}", duration::show(d)),
-                _ => String::new(),
-            };
-            warn(&format!(
-                "lock {name:?} is busy{held_by}{waited}; not running the command"
-            ));
+            if !args.quiet {
+                let held_by = client
+                    .inspect(name)
+                    .ok()
+                    .map(|info| crate::inspect::holder_cell(&info))
+                    .filter(|h| h != "-")
+                    .map(|h| format!(" (held by {h})"))
+                    .unwrap_or_default();
+                let waited = match args.wait {
+                    Wait::UpTo(d) => format!(" after waiting {}", duration::show(d)),
+                    _ => String::new(),
+                };
+                warn(&format!(
+                    "lock {name:?} is busy{held_by}{waited}; not running the command"
+                ));
+            }
             return Ok(i32::from(args.busy_exit));
         }
         Err(e) if e.kind() == ErrorKind::Cancelled => {
@@ -308,6 +329,41 @@ fn reap(child: &mut Child) -> Result<ExitStatus, Fail> {
 /// Releases the lock; false when the key no longer held our token (the lock had been
 /// lost). Other failures are reported and count as released: the lock expires within its
 /// ttl.
+fn stderr_is_a_terminal() -> bool {
+    // SAFETY: isatty only looks at the descriptor.
+    unsafe { libc::isatty(libc::STDERR_FILENO) == 1 }
+}
+
+/// While the acquire waits (until `stopped` is disconnected), says on one line of the
+/// terminal, rewritten every second, who holds the lock and how long the wait has lasted;
+/// clears the line at the end.
+fn show_progress(client: &Client, name: &str, stopped: &Receiver<()>) {
+    use std::io::Write as _;
+    let started = Instant::now();
+    let mut shown = false;
+    while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+        stopped.recv_timeout(Duration::from_secs(1))
+    {
+        let holder = client
+            .inspect(name)
+            .ok()
+            .map(|info| crate::inspect::holder_cell(&info))
+            .filter(|h| h != "-")
+            .map(|h| format!(" held by {h}"))
+            .unwrap_or_default();
+        let line = format!(
+            "\r\x1b[Kredlease: waiting for lock {}{holder}: {}",
+            printable(name),
+            duration::show(started.elapsed())
+        );
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        shown = true;
+    }
+    if shown {
+        let _ = std::io::stderr().lock().write_all(b"\r\x1b[K");
+    }
+}
+
 fn release(guard: LockGuard, name: &str, verbose: bool) -> bool {
     match guard.release() {
         Ok(()) => {

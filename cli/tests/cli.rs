@@ -826,8 +826,11 @@ fn check_reports_eviction_persistence_and_latency() {
 fn usage_errors_are_one_line_and_help_documents_exit_codes() {
     for args in [
         &["run", "job"][..],
-        &["run", "--ttl", "30", "job", "true"],
+        &["run", "--ttl", "1.5", "job", "true"],
         &["run", "--ttl", "1.5s", "job", "true"],
+        &["run", "--shared", "--permits", "2", "job", "true"],
+        &["run", "--permits", "0", "job", "true"],
+        &["run", "--quiet", "--verbose", "job", "true"],
         &["run", "--wait", "soon", "job", "true"],
         &["run", "--on-lost", "maybe", "job", "true"],
         &["run", "--bogus", "job", "true"],
@@ -942,5 +945,272 @@ fn cluster_and_sentinel_urls_work() {
     assert_eq!(
         status[0]["fencing_token"].as_u64().unwrap().to_string(),
         out.stdout.trim()
+    );
+}
+
+#[test]
+fn a_bare_number_is_seconds_as_with_flock() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = Holder::start(&url, "bare", &["--ttl", "20"]);
+    let ttl: i64 = server.cmd(&["PTTL", "bare"]);
+    assert!(ttl > 15_000 && ttl <= 20_000, "--ttl 20 is 20 s: {ttl}");
+    let out = exec(&["run", "--url", &url, "--wait", "1", "bare", "true"]);
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(
+        out.took >= Duration::from_millis(950),
+        "--wait 1 waits 1 s: {out:?}"
+    );
+    assert!(out.one_line().contains("after waiting 1.0s"), "{out:?}");
+    assert_eq!(holder.finish().code, Some(0));
+}
+
+#[test]
+fn quiet_skips_a_busy_run_silently_and_keeps_its_status() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = Holder::start(&url, "cron", &[]);
+    let out = exec(&["run", "--url", &url, "--quiet", "cron", "true"]);
+    assert_eq!(
+        (out.code, out.stderr.as_str(), out.stdout.as_str()),
+        (Some(75), "", "")
+    );
+    let out = exec(&[
+        "run",
+        "--url",
+        &url,
+        "-q",
+        "--busy-exit",
+        "3",
+        "--wait",
+        "300ms",
+        "cron",
+        "true",
+    ]);
+    assert_eq!((out.code, out.stderr.as_str()), (Some(3), ""), "{out:?}");
+    assert_eq!(holder.finish().code, Some(0));
+    // Quiet is about a busy lock only: other failures still say why.
+    let port = free_port();
+    let nowhere = format!("redis://127.0.0.1:{port}/0");
+    let out = exec(&["run", "--url", &nowhere, "--quiet", "cron", "true"]);
+    assert_eq!(out.code, Some(69), "{out:?}");
+    out.one_line();
+}
+
+#[test]
+fn shared_runs_go_together_and_an_exclusive_run_excludes_them() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let reader = Holder::start(&url, "report", &["--shared"]);
+    let out = exec(&["run", "--url", &url, "--shared", "report", "true"]);
+    assert_eq!(out.code, Some(0), "a second reader runs alongside: {out:?}");
+    let out = exec(&["run", "--url", &url, "--exclusive", "report", "true"]);
+    assert_eq!(
+        out.code,
+        Some(75),
+        "the writer waits for the readers: {out:?}"
+    );
+    // A plain run takes a mutex: another kind, refused while NAME is a read-write lock.
+    let out = exec(&["run", "--url", &url, "report", "true"]);
+    assert_eq!(out.code, Some(69), "{out:?}");
+    assert!(out.one_line().contains("another kind"), "{out:?}");
+    assert_eq!(reader.finish().code, Some(0));
+    let writer = Holder::start(&url, "report", &["-x"]);
+    let out = exec(&["run", "--url", &url, "-s", "report", "true"]);
+    assert_eq!(out.code, Some(75), "readers wait for the writer: {out:?}");
+    assert!(out.one_line().contains("(writing)"), "{out:?}");
+    assert_eq!(writer.finish().code, Some(0));
+}
+
+#[test]
+fn permits_let_that_many_runs_go_at_once() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let a = Holder::start(&url, "pool", &["--permits", "2"]);
+    let b = Holder::start(&url, "pool", &["--permits", "2"]);
+    let out = exec(&["run", "--url", &url, "--permits", "2", "pool", "true"]);
+    assert_eq!(out.code, Some(75), "a third run waits: {out:?}");
+    assert!(out.one_line().contains("2 permits"), "{out:?}");
+    assert_eq!(a.finish().code, Some(0));
+    let out = exec(&["run", "--url", &url, "--permits", "2", "pool", "true"]);
+    assert_eq!(out.code, Some(0), "a permit is free again: {out:?}");
+    assert_eq!(b.finish().code, Some(0));
+}
+
+#[test]
+fn status_shows_a_reentrant_owner_and_the_permits_and_readers_of_other_kinds() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let client = redlease::Client::open(&url).unwrap();
+    let first = client
+        .lock("re")
+        .reentrant_as("svc-7")
+        .try_acquire()
+        .unwrap();
+    let second = client
+        .lock("re")
+        .reentrant_as("svc-7")
+        .try_acquire()
+        .unwrap();
+    let permits: Vec<_> = (0..2)
+        .map(|_| client.semaphore("sem", 5).try_acquire().unwrap())
+        .collect();
+    let readers: Vec<_> = (0..3)
+        .map(|_| client.rwlock("rw").read().try_acquire().unwrap())
+        .collect();
+    let writer = client.rwlock("rw-w").write().try_acquire().unwrap();
+
+    let out = exec(&["status", "--url", &url, "re", "sem", "rw", "rw-w"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let line = |key: &str| {
+        out.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{key} ")))
+            .unwrap_or_else(|| panic!("no row for {key}: {}", out.stdout))
+            .to_owned()
+    };
+    assert!(
+        line("re").contains("(owner svc-7, 2 holds)"),
+        "{}",
+        out.stdout
+    );
+    assert!(line("sem").contains("2 permits"), "{}", out.stdout);
+    assert!(line("rw").contains("3 readers"), "{}", out.stdout);
+    assert!(line("rw-w").contains("(writing)"), "{}", out.stdout);
+
+    let json = exec(&["status", "--url", &url, "--json", "re", "sem", "rw", "rw-w"]).json();
+    assert_eq!(json[0]["kind"], "mutex");
+    assert_eq!(
+        (
+            json[0]["reentrant_owner"].as_str(),
+            json[0]["holds"].as_u64()
+        ),
+        (Some("svc-7"), Some(2))
+    );
+    assert_eq!(
+        (json[1]["kind"].as_str(), json[1]["permits"].as_u64()),
+        (Some("semaphore"), Some(2))
+    );
+    assert_eq!(
+        (json[2]["kind"].as_str(), json[2]["readers"].as_u64()),
+        (Some("rwlock"), Some(3))
+    );
+    assert_eq!(json[3]["holder"].as_str(), Some(writer.token()));
+    // `list` shows every kind now held.
+    let listed = exec(&["list", "--url", &url, "--json"]).json();
+    let keys: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["re", "rw", "rw-w", "sem"]);
+    drop((second, first, permits, readers, writer));
+}
+
+/// A pseudo-terminal: the master side (read by the test) and the slave side (given to the
+/// child as its stderr).
+fn pty() -> (std::fs::File, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors; the other arguments may be NULL.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: both descriptors were just opened and are owned by nothing else.
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(master),
+            std::os::fd::OwnedFd::from_raw_fd(slave),
+        )
+    }
+}
+
+#[test]
+fn a_waiting_run_on_a_terminal_says_who_holds_the_lock_and_for_how_long() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = Holder::start(&url, "tty", &[]);
+    let (mut master, slave) = pty();
+    let mut command = cmd(&["run", "--url", &url, "--wait", "2500ms", "tty", "true"]);
+    command.stderr(Stdio::from(slave));
+    let run = Running::spawn(command);
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Ends with EIO once the child (the last holder of the slave side) exits.
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            text.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&text).into_owned()
+    });
+    let out = run.finish(Duration::from_secs(10));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    let shown = reader.join().unwrap();
+    let pid = format!("/{}", holder.run.pid());
+    assert!(
+        shown.contains("\r\x1b[Kredlease: waiting for lock tty held by"),
+        "{shown:?}"
+    );
+    assert!(shown.contains(&pid), "the holder: {shown:?}");
+    assert!(
+        shown.contains(": 1.0s") && shown.contains(": 2.0s"),
+        "the wait, rewritten: {shown:?}"
+    );
+    assert!(shown.contains("busy"), "then the usual line: {shown:?}");
+    assert_eq!(holder.finish().code, Some(0));
+
+    // Not on a terminal: no progress line, only the outcome.
+    let holder = Holder::start(&url, "tty", &[]);
+    let out = exec(&["run", "--url", &url, "--wait", "1500ms", "tty", "true"]);
+    assert_eq!(out.code, Some(75), "{out:?}");
+    let line = out.one_line();
+    assert!(
+        !line.contains("waiting for lock") && !out.stderr.contains('\r'),
+        "{out:?}"
+    );
+    assert_eq!(holder.finish().code, Some(0));
+}
+
+#[test]
+fn the_readme_exit_table_is_the_one_help_prints() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let section = readme
+        .split("## Command line")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("a Command line section");
+    let in_readme: Vec<String> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|l| l.split(" |").next())
+        .filter(|code| code.chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .map(|code| code.replace(' ', ""))
+        .collect();
+    let help = exec(&["--help"]).stdout;
+    let statuses = help
+        .split("Exit status:")
+        .nth(1)
+        .expect("exit statuses in --help");
+    let in_help: Vec<String> = statuses
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|code| code.chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        in_readme, in_help,
+        "README:\n{section}\n--help:\n{statuses}"
     );
 }

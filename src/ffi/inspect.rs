@@ -12,7 +12,7 @@ use super::args::{Out, str_arg};
 use super::init_sized;
 use super::status::{Failure, boundary};
 use super::{client, lock_client_t};
-use crate::{LockInfo, ServerCheck};
+use crate::{HeldAs, LockInfo, ServerCheck};
 
 /// `remaining_ms` of a lock without expiry, or of a free one.
 pub const LOCK_NO_EXPIRY: u64 = u64::MAX;
@@ -41,7 +41,22 @@ pub struct lock_info_t {
     pub holds: u64,
     /// The next lock of a `lock_list` result; NULL at the end.
     pub next: *mut lock_info_t,
+    /// What holds the name now: `LOCK_HELD_NONE` (free), `LOCK_HELD_MUTEX`,
+    /// `LOCK_HELD_SEMAPHORE` or `LOCK_HELD_RWLOCK` (`holder` is then the writer's token, or
+    /// NULL when readers hold it).
+    pub held_as: i32,
+    /// A semaphore's permits held, or a read-write lock's readers; 0 otherwise.
+    pub count: u64,
 }
+
+/// `lock_info_t.held_as`: nobody holds the name.
+pub const LOCK_HELD_NONE: i32 = 0;
+/// `lock_info_t.held_as`: a mutex (reentrant or not).
+pub const LOCK_HELD_MUTEX: i32 = 1;
+/// `lock_info_t.held_as`: a counting semaphore (`count` permits held).
+pub const LOCK_HELD_SEMAPHORE: i32 = 2;
+/// `lock_info_t.held_as`: a read-write lock (its writer, or `count` readers).
+pub const LOCK_HELD_RWLOCK: i32 = 3;
 
 /// The server's version, eviction policy and persistence, and the latency of a few round
 /// trips (`lock_check`); for a Cluster, one of its primaries. Free it with
@@ -135,6 +150,17 @@ fn info_node(info: &LockInfo, next: *mut lock_info_t) -> *mut lock_info_t {
         owner,
         holds,
         next,
+        held_as: match info.held_as {
+            None => LOCK_HELD_NONE,
+            Some(HeldAs::Mutex) => LOCK_HELD_MUTEX,
+            Some(HeldAs::Semaphore { .. }) => LOCK_HELD_SEMAPHORE,
+            Some(HeldAs::ReadWrite { .. }) => LOCK_HELD_RWLOCK,
+        },
+        count: match info.held_as {
+            Some(HeldAs::Semaphore { permits }) => permits,
+            Some(HeldAs::ReadWrite { readers }) => readers,
+            _ => 0,
+        },
     }))
 }
 

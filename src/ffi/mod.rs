@@ -20,7 +20,8 @@ use std::time::Duration;
 use self::args::{Out, copy_out, opt_str_arg, prefix_size, read_sized, str_arg};
 use self::handles::{ChildError, HandleTable, Kind};
 pub use self::inspect::{
-    LOCK_NO_EXPIRY, lock_break, lock_check, lock_info_free, lock_info_t, lock_inspect, lock_list,
+    LOCK_HELD_MUTEX, LOCK_HELD_NONE, LOCK_HELD_RWLOCK, LOCK_HELD_SEMAPHORE, LOCK_NO_EXPIRY,
+    lock_break, lock_check, lock_info_free, lock_info_t, lock_inspect, lock_list,
     lock_renewal_stats, lock_renewal_stats_t, lock_server_check_free, lock_server_check_t,
 };
 pub use self::logging::{

@@ -36,6 +36,7 @@ static void test_inspect_shows_the_holder_its_lease_and_fencing_token(void) {
     CHECK(info != NULL && info->remaining_ms > 5000 && info->remaining_ms <= 10000);
     CHECK(info != NULL && info->fencing_token == fence && info->waiters == 0);
     CHECK(info != NULL && info->owner == NULL && info->holds == 0);
+    CHECK(info != NULL && info->held_as == LOCK_HELD_MUTEX && info->count == 0);
     CHECK_STATUS(lock_info_free(info), LOCK_OK);
     CHECK_STATUS(lock_release(lock), LOCK_OK);
     CHECK_STATUS(lock_info_free(NULL), LOCK_OK);
@@ -59,6 +60,41 @@ static void test_a_reentrant_lock_shows_its_owner_and_holds(void) {
     CHECK_STATUS(lock_info_free(info), LOCK_OK);
     CHECK_STATUS(lock_release(second), LOCK_OK);
     CHECK_STATUS(lock_release(first), LOCK_OK);
+    CHECK_STATUS(lock_client_close(client), LOCK_OK);
+}
+
+static void test_inspect_tells_the_kind_that_holds_a_name(void) {
+    lock_client_t client = open_client();
+    lock_t p1 = 0, p2 = 0, r1 = 0, w = 0;
+    lock_info_t *info = NULL;
+    char token[LOCK_TOKEN_MAX];
+
+    CHECK_STATUS(lock_semaphore_acquire(client, "c:kind-sem", 5, 10000, 0, NULL, &p1), LOCK_OK);
+    CHECK_STATUS(lock_semaphore_acquire(client, "c:kind-sem", 5, 10000, 0, NULL, &p2), LOCK_OK);
+    CHECK_STATUS(lock_inspect(client, "c:kind-sem", &info), LOCK_OK);
+    CHECK(info != NULL && info->held_as == LOCK_HELD_SEMAPHORE && info->count == 2);
+    CHECK(info != NULL && info->holder == NULL && info->remaining_ms <= 10000);
+    CHECK_STATUS(lock_info_free(info), LOCK_OK);
+
+    CHECK_STATUS(lock_rwlock_acquire(client, "c:kind-rw", LOCK_RW_READ, 10000, 0, NULL, &r1), LOCK_OK);
+    CHECK_STATUS(lock_inspect(client, "c:kind-rw", &info), LOCK_OK);
+    CHECK(info != NULL && info->held_as == LOCK_HELD_RWLOCK && info->count == 1 && info->holder == NULL);
+    CHECK_STATUS(lock_info_free(info), LOCK_OK);
+    CHECK_STATUS(lock_release(r1), LOCK_OK);
+
+    CHECK_STATUS(lock_rwlock_acquire(client, "c:kind-rw", LOCK_RW_WRITE, 10000, 0, NULL, &w), LOCK_OK);
+    CHECK_STATUS(lock_token(w, token, sizeof token), LOCK_OK);
+    CHECK_STATUS(lock_inspect(client, "c:kind-rw", &info), LOCK_OK);
+    CHECK(info != NULL && info->held_as == LOCK_HELD_RWLOCK && info->count == 0);
+    CHECK(info != NULL && info->holder != NULL && strcmp(info->holder, token) == 0);
+    CHECK_STATUS(lock_info_free(info), LOCK_OK);
+    CHECK_STATUS(lock_release(w), LOCK_OK);
+
+    CHECK_STATUS(lock_inspect(client, "c:kind-rw", &info), LOCK_OK);
+    CHECK(info != NULL && info->held_as == LOCK_HELD_NONE);
+    CHECK_STATUS(lock_info_free(info), LOCK_OK);
+    CHECK_STATUS(lock_release(p1), LOCK_OK);
+    CHECK_STATUS(lock_release(p2), LOCK_OK);
     CHECK_STATUS(lock_client_close(client), LOCK_OK);
 }
 
@@ -185,6 +221,7 @@ int main(void) {
     test_bad_arguments();
     test_inspect_shows_the_holder_its_lease_and_fencing_token();
     test_a_reentrant_lock_shows_its_owner_and_holds();
+    test_inspect_tells_the_kind_that_holds_a_name();
     test_list_links_every_held_lock_that_matches();
     test_break_deletes_only_the_holder_shown();
     test_check_reports_the_server();

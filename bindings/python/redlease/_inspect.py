@@ -35,6 +35,11 @@ class LockInfo:
     waiters: int
     #: For a reentrant lock, its owner and how many holds it has; None otherwise.
     reentrant: Optional[Tuple[str, int]]
+    #: What holds the name now: ``"mutex"``, ``"semaphore"``, ``"rwlock"``, or None (free).
+    held_as: Optional[str] = None
+    #: A semaphore's permits held, or a read-write lock's readers (``holder`` is then the
+    #: writer's token, or None); 0 otherwise.
+    count: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,16 @@ def _info(node: "_native.LockInfo_t") -> LockInfo:
         fencing_token=node.fencing_token or None,
         waiters=node.waiters,
         reentrant=None if owner is None else (owner, node.holds),
+        held_as=_HELD_AS.get(node.held_as),
+        count=node.count,
     )
+
+
+_HELD_AS = {
+    _native.LOCK_HELD_MUTEX: "mutex",
+    _native.LOCK_HELD_SEMAPHORE: "semaphore",
+    _native.LOCK_HELD_RWLOCK: "rwlock",
+}
 
 
 def _infos(head: "ctypes._Pointer[_native.LockInfo_t]") -> List[LockInfo]:

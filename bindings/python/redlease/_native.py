@@ -39,6 +39,10 @@ LOCK_LOG_INFO = 3
 LOCK_LOG_DEBUG = 4
 LOCK_LOG_TRACE = 5
 LOCK_CAUSE_NONE = 0
+LOCK_HELD_NONE = 0
+LOCK_HELD_MUTEX = 1
+LOCK_HELD_SEMAPHORE = 2
+LOCK_HELD_RWLOCK = 3
 LOCK_CAUSE_TIMEOUT = 1
 LOCK_CAUSE_CONNECTION = 2
 
@@ -100,6 +104,8 @@ LockInfo_t._fields_ = [
     ("owner", c_char_p),
     ("holds", c_uint64),
     ("next", POINTER(LockInfo_t)),
+    ("held_as", c_int32),
+    ("count", c_uint64),
 ]
 
 

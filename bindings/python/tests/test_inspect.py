@@ -80,3 +80,23 @@ def test_the_views_are_refused_on_a_redlock_client(server):
             rl.inspect("x")
         with pytest.raises(redlease.InvalidArgumentError, match="Redlock"):
             rl.locks()
+
+
+def test_inspect_tells_the_kind_that_holds_a_name(client):
+    sem = client.semaphore("i:sem", 5)
+    permits = [sem.acquire(wait=0) for _ in range(2)]
+    info = client.inspect("i:sem")
+    assert (info.held_as, info.count, info.holder) == ("semaphore", 2, None)
+    reader = client.rwlock("i:rw").read(wait=0).acquire()
+    assert (client.inspect("i:rw").held_as, client.inspect("i:rw").count) == ("rwlock", 1)
+    reader.release()
+    writer = client.rwlock("i:rw").write(wait=0).acquire()
+    info = client.inspect("i:rw")
+    assert (info.held_as, info.count, info.holder) == ("rwlock", 0, writer.token)
+    writer.release()
+    assert client.inspect("i:rw").held_as is None
+    lk = client.acquire("i:mutex", wait=0)
+    assert client.inspect("i:mutex").held_as == "mutex"
+    lk.release()
+    for p in permits:
+        p.release()
