@@ -45,6 +45,15 @@ cargo package --allow-dirty -p redlease 2>&1 \
 step "C install: scripts/install.sh into a temporary prefix, programs built with pkg-config"
 bash tests/install_check.sh
 
+step "cargo install --path cli: the command as one binary under 5 MiB"
+install_root=$(mktemp -d)
+cargo install --quiet --path cli --root "$install_root" --target-dir target
+size=$(stat -c %s "$install_root/bin/redlease")
+"$install_root/bin/redlease" --version
+rm -rf "$install_root"
+[ "$size" -lt $((5 * 1024 * 1024)) ] || { echo "the redlease binary is $size bytes (limit 5 MiB)" >&2; exit 1; }
+echo "redlease: $size bytes"
+
 step "Python: sdist, then a wheel built from it (setuptools-rust); tag, size, contents"
 version=$(sed -n 's/^version = "\([^"]*\)"$/\1/p' Cargo.toml | head -n 1)
 py=target/python
