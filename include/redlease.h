@@ -105,6 +105,11 @@
 #define LOCK_HELD_RWLOCK 3
 
 /**
+ * Buckets of the duration histograms in `lock_stats_t`.
+ */
+#define LOCK_STATS_BUCKETS 108
+
+/**
  * Log level: errors (a renewal thread panicked, fork detection unavailable).
  */
 #define LOCK_LOG_ERROR 1
@@ -547,6 +552,99 @@ typedef struct lock_renewal_stats_t {
   uint64_t lateness_p999_us;
 } lock_renewal_stats_t;
 
+/**
+ * This process's figures (every client), for graphs: fill with `lock_stats(&stats, sizeof
+ * stats)`; the figures of an interval are `lock_stats_since(&now, &earlier, &out, sizeof
+ * out)`. Counters only grow; quantiles are to within 19 % and never above the maximum.
+ * A later version may add fields at the end.
+ */
+typedef struct lock_stats_t {
+  /**
+   * `sizeof` the struct, as the caller passed it.
+   */
+  size_t size;
+  /**
+   * Acquires that took the lock (every kind; a reentrant lock's extra holds included).
+   */
+  uint64_t acquisitions;
+  /**
+   * Acquires that ended `LOCK_BUSY`.
+   */
+  uint64_t busy;
+  /**
+   * Acquires that ended `LOCK_CANCELLED`.
+   */
+  uint64_t cancelled;
+  /**
+   * Acquires that failed otherwise (connection, server, replication errors).
+   */
+  uint64_t failed;
+  /**
+   * Acquires that had to wait (their first attempt found the lock held).
+   */
+  uint64_t waits;
+  /**
+   * The median wait, in µs.
+   */
+  uint64_t wait_p50_us;
+  /**
+   * The 90th percentile of the waits, in µs.
+   */
+  uint64_t wait_p90_us;
+  /**
+   * The 99th percentile of the waits, in µs.
+   */
+  uint64_t wait_p99_us;
+  /**
+   * The longest wait in the life of the process, in µs.
+   */
+  uint64_t max_wait_us;
+  /**
+   * Releases that handed the lock straight to a waiter.
+   */
+  uint64_t handoffs;
+  /**
+   * Locks lost because the key no longer held their token.
+   */
+  uint64_t lost_not_held;
+  /**
+   * Locks lost because Redis stayed unreachable until their lease ran out.
+   */
+  uint64_t lost_unreachable;
+  /**
+   * Calls that failed with their outcome unknown (a request out, no reply).
+   */
+  uint64_t unknown_outcomes;
+  /**
+   * Renewals that succeeded.
+   */
+  uint64_t renewals;
+  /**
+   * Renewal attempts that failed.
+   */
+  uint64_t renewal_failures;
+  /**
+   * The median lateness of the renewals, in µs.
+   */
+  uint64_t lateness_p50_us;
+  /**
+   * The 99th percentile of the lateness, in µs.
+   */
+  uint64_t lateness_p99_us;
+  /**
+   * The latest renewal in the life of the process, past its due time, in µs.
+   */
+  uint64_t max_lateness_us;
+  /**
+   * The histogram of the waits (for `lock_stats_since`).
+   */
+  uint64_t wait_buckets[LOCK_STATS_BUCKETS];
+  /**
+   * The histogram of the renewals' lateness (for `lock_stats_since`).
+   */
+  uint64_t lateness_buckets[LOCK_STATS_BUCKETS];
+} lock_stats_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -904,6 +1002,25 @@ int32_t lock_server_check_free(struct lock_server_check_t *check);
  * NULL or a size that is not the size of a version of the struct.
  */
 int32_t lock_renewal_stats(struct lock_renewal_stats_t *stats, size_t size);
+
+/**
+ * Fills `stats` with this process's figures so far: pass `sizeof *stats` as `size`.
+ * Never blocks (a few hundred atomic loads). Errors: `LOCK_ERR_ARGUMENT` for NULL or a
+ * size that is not the size of a version of the struct.
+ */
+int32_t lock_stats(struct lock_stats_t *stats, size_t size);
+
+/**
+ * Fills `out` with the figures of the interval from `earlier` to `now` (two snapshots of
+ * `lock_stats`, `earlier` taken first): counts of the interval, quantiles of its waits and
+ * renewals; the maxima stay those of the whole life of the process. Pass `sizeof *out` as
+ * `size`. Errors: `LOCK_ERR_ARGUMENT` for NULL, or a size (also of `now` or `earlier`)
+ * that is not the size of a version of the struct.
+ */
+int32_t lock_stats_since(const struct lock_stats_t *now,
+                         const struct lock_stats_t *earlier,
+                         struct lock_stats_t *out,
+                         size_t size);
 
 #ifdef __cplusplus
 }  // extern "C"

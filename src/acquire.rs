@@ -19,7 +19,7 @@ use crate::keys::LockKeys;
 use crate::kinds::{Kind, wrong_kind};
 use crate::lane::Lane;
 use crate::protocol::{AttemptRequest, Hold, LockServer};
-use crate::token;
+use crate::{stats, token};
 
 /// One acquisition to make.
 pub(crate) struct Acquire<'a> {
@@ -59,14 +59,19 @@ impl Acquire<'_> {
         let tokens = Box::new(move || token::new_token(&label));
         let mut machine = AcquireMachine::new(spec, Instant::now(), tokens, fastrand::Rng::new());
         let grace = backoff::grace(bounds.io);
+        let started = Instant::now();
+        let mut waited = false;
         let mut event = Event::Start;
         loop {
             let action = machine.step(event, Instant::now(), self.watch.cancelled());
             event = match action {
                 Action::Done(result) => {
-                    return result.map_err(|e| wrong_kind(e, self.kind, &self.keys.lock));
+                    let result = result.map_err(|e| wrong_kind(e, self.kind, &self.keys.lock));
+                    stats::acquire_ended(&result, started.elapsed(), waited);
+                    return result;
                 }
                 Action::Attempt(plan) => {
+                    waited |= plan.block.is_some();
                     let exec = Exec::new(plan.lane, bounds.io)
                         .cutoff(plan.cutoff)
                         .retry_until(plan.retry_until);
@@ -119,6 +124,7 @@ impl Acquire<'_> {
                     }
                 }
                 Action::Pause { until } => {
+                    waited = true;
                     let left = until.saturating_duration_since(Instant::now());
                     Event::Paused(connection::pause(left, &self.watch))
                 }

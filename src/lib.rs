@@ -87,7 +87,7 @@ pub use keys::{MAX_KEY_LEN, RESERVED_PREFIX, key_slot};
 pub use lease::loss::LostCallback;
 pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard};
 pub use options::ClientOptions;
-pub use stats::{RenewalStats, renewal_stats};
+pub use stats::{RenewalStats, Stats, renewal_stats, stats};
 
 #[cfg(test)]
 mod tests {

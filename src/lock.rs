@@ -22,7 +22,7 @@ use crate::renewal::Renewal;
 use crate::shared::Shared;
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, MutexGuard};
-use crate::token;
+use crate::{stats, token};
 
 /// The ttl used when none is given.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -403,7 +403,7 @@ impl LockGuard {
             // callback may release).
             self.lease().notify_lost();
         }
-        let extended = extended?;
+        let extended = extended.inspect_err(stats::unknown_if)?;
         match extended {
             Extended::Yes => {
                 if let Some(renewal) = self.renewal_slot().as_ref() {
@@ -460,7 +460,10 @@ impl LockGuard {
         if self.lease().gate_closed() {
             self.lease().mark_released();
         }
-        let released = self.lease().release_on_server(&self.hold)?;
+        let released = self
+            .lease()
+            .release_on_server(&self.hold)
+            .inspect_err(stats::unknown_if)?;
         match lease_clock::release_verdict(released, when_sent, self.lease().broken()) {
             Ok(()) => Ok(()),
             Err(NotReleased::NotFound) => Err(self.not_held(

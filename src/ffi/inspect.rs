@@ -1,6 +1,6 @@
 //! The operators' views of the C ABI: who holds a lock (`lock_inspect`), every lock held
 //! (`lock_list`), breaking one (`lock_break`), the server's settings (`lock_check`) and the
-//! process's renewal figures (`lock_renewal_stats`). Each is a call of the Rust API; this
+//! process's figures (`lock_stats`, `lock_stats_since`, `lock_renewal_stats`). Each is a call of the Rust API; this
 //! module only converts its result to C structures, which the library allocates and the
 //! caller frees with the matching `_free` function.
 
@@ -355,5 +355,168 @@ pub unsafe extern "C" fn lock_renewal_stats(stats: *mut lock_renewal_stats_t, si
                 "stats",
             )
         }
+    })
+}
+
+/// Buckets of the duration histograms in `lock_stats_t`.
+pub const LOCK_STATS_BUCKETS: usize = 108;
+const _: () = assert!(LOCK_STATS_BUCKETS == crate::stats::BUCKETS);
+
+/// This process's figures (every client), for graphs: fill with `lock_stats(&stats, sizeof
+/// stats)`; the figures of an interval are `lock_stats_since(&now, &earlier, &out, sizeof
+/// out)`. Counters only grow; quantiles are to within 19 % and never above the maximum.
+/// A later version may add fields at the end.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct lock_stats_t {
+    /// `sizeof` the struct, as the caller passed it.
+    pub size: usize,
+    /// Acquires that took the lock (every kind; a reentrant lock's extra holds included).
+    pub acquisitions: u64,
+    /// Acquires that ended `LOCK_BUSY`.
+    pub busy: u64,
+    /// Acquires that ended `LOCK_CANCELLED`.
+    pub cancelled: u64,
+    /// Acquires that failed otherwise (connection, server, replication errors).
+    pub failed: u64,
+    /// Acquires that had to wait (their first attempt found the lock held).
+    pub waits: u64,
+    /// The median wait, in µs.
+    pub wait_p50_us: u64,
+    /// The 90th percentile of the waits, in µs.
+    pub wait_p90_us: u64,
+    /// The 99th percentile of the waits, in µs.
+    pub wait_p99_us: u64,
+    /// The longest wait in the life of the process, in µs.
+    pub max_wait_us: u64,
+    /// Releases that handed the lock straight to a waiter.
+    pub handoffs: u64,
+    /// Locks lost because the key no longer held their token.
+    pub lost_not_held: u64,
+    /// Locks lost because Redis stayed unreachable until their lease ran out.
+    pub lost_unreachable: u64,
+    /// Calls that failed with their outcome unknown (a request out, no reply).
+    pub unknown_outcomes: u64,
+    /// Renewals that succeeded.
+    pub renewals: u64,
+    /// Renewal attempts that failed.
+    pub renewal_failures: u64,
+    /// The median lateness of the renewals, in µs.
+    pub lateness_p50_us: u64,
+    /// The 99th percentile of the lateness, in µs.
+    pub lateness_p99_us: u64,
+    /// The latest renewal in the life of the process, past its due time, in µs.
+    pub max_lateness_us: u64,
+    /// The histogram of the waits (for `lock_stats_since`).
+    pub wait_buckets: [u64; LOCK_STATS_BUCKETS],
+    /// The histogram of the renewals' lateness (for `lock_stats_since`).
+    pub lateness_buckets: [u64; LOCK_STATS_BUCKETS],
+}
+
+fn stats_struct(size: usize, s: &crate::Stats) -> lock_stats_t {
+    let waited = s.waited();
+    let lateness = s.renewals.lateness();
+    let mut out = lock_stats_t {
+        size,
+        acquisitions: s.acquisitions,
+        busy: s.busy,
+        cancelled: s.cancelled,
+        failed: s.failed,
+        waits: s.waits,
+        wait_p50_us: micros(waited.quantile(0.5)),
+        wait_p90_us: micros(waited.quantile(0.9)),
+        wait_p99_us: micros(waited.quantile(0.99)),
+        max_wait_us: micros(s.max_wait),
+        handoffs: s.handoffs,
+        lost_not_held: s.lost_not_held,
+        lost_unreachable: s.lost_unreachable,
+        unknown_outcomes: s.unknown_outcomes,
+        renewals: s.renewals.renewals,
+        renewal_failures: s.renewals.failures,
+        lateness_p50_us: micros(lateness.quantile(0.5)),
+        lateness_p99_us: micros(lateness.quantile(0.99)),
+        max_lateness_us: micros(s.renewals.max_lateness),
+        wait_buckets: [0; LOCK_STATS_BUCKETS],
+        lateness_buckets: [0; LOCK_STATS_BUCKETS],
+    };
+    out.wait_buckets.copy_from_slice(&waited.counts);
+    out.lateness_buckets.copy_from_slice(&lateness.counts);
+    out
+}
+
+/// The `crate::Stats` a `lock_stats_t` describes.
+fn stats_of(c: &lock_stats_t) -> crate::Stats {
+    crate::stats::from_parts(crate::stats::Parts {
+        acquisitions: c.acquisitions,
+        busy: c.busy,
+        cancelled: c.cancelled,
+        failed: c.failed,
+        handoffs: c.handoffs,
+        lost_not_held: c.lost_not_held,
+        lost_unreachable: c.lost_unreachable,
+        unknown_outcomes: c.unknown_outcomes,
+        renewals: c.renewals,
+        renewal_failures: c.renewal_failures,
+        wait_counts: c.wait_buckets.to_vec(),
+        max_wait: Duration::from_micros(c.max_wait_us),
+        lateness_counts: c.lateness_buckets.to_vec(),
+        max_lateness: Duration::from_micros(c.max_lateness_us),
+    })
+}
+
+/// Fills `stats` with this process's figures so far: pass `sizeof *stats` as `size`.
+/// Never blocks (a few hundred atomic loads). Errors: `LOCK_ERR_ARGUMENT` for NULL or a
+/// size that is not the size of a version of the struct.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lock_stats(stats: *mut lock_stats_t, size: usize) -> i32 {
+    boundary(|| {
+        let now = stats_struct(size, &crate::stats());
+        // SAFETY: `stats` is NULL or writable for `size` bytes (the caller's contract).
+        unsafe {
+            init_sized(
+                stats,
+                size,
+                now,
+                &[std::mem::size_of::<lock_stats_t>()],
+                "stats",
+            )
+        }
+    })
+}
+
+/// Fills `out` with the figures of the interval from `earlier` to `now` (two snapshots of
+/// `lock_stats`, `earlier` taken first): counts of the interval, quantiles of its waits and
+/// renewals; the maxima stay those of the whole life of the process. Pass `sizeof *out` as
+/// `size`. Errors: `LOCK_ERR_ARGUMENT` for NULL, or a size (also of `now` or `earlier`)
+/// that is not the size of a version of the struct.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lock_stats_since(
+    now: *const lock_stats_t,
+    earlier: *const lock_stats_t,
+    out: *mut lock_stats_t,
+    size: usize,
+) -> i32 {
+    boundary(|| {
+        let full = std::mem::size_of::<lock_stats_t>();
+        let read = |p: *const lock_stats_t, what: &str| -> Result<lock_stats_t, Failure> {
+            if p.is_null() {
+                return Err(Failure::argument(format!("{what} is NULL")));
+            }
+            // SAFETY: not NULL, and points to a lock_stats_t (the caller's contract); its
+            // size field is read first, the rest only when it is the whole struct.
+            let size = unsafe { p.cast::<usize>().read_unaligned() };
+            if size != full {
+                return Err(Failure::argument(format!(
+                    "{what}->size is {size}: fill it with lock_stats(&s, sizeof s)"
+                )));
+            }
+            // SAFETY: as above; the whole struct is there.
+            Ok(unsafe { p.read_unaligned() })
+        };
+        let (now, earlier) = (read(now, "now")?, read(earlier, "earlier")?);
+        let interval = stats_of(&now).since(&stats_of(&earlier));
+        let value = stats_struct(size, &interval);
+        // SAFETY: `out` is NULL or writable for `size` bytes (the caller's contract).
+        unsafe { init_sized(out, size, value, &[full], "out") }
     })
 }

@@ -23,7 +23,7 @@ use crate::backend::exec::Exec;
 use crate::core::lease::{
     Broken, ExtendOutcome, ExtendVerdict, LeaseClock, LostReason, RenewalStep, ttl_millis,
 };
-use crate::core::reply::{self, Answer, ExtendReply};
+use crate::core::reply::{self, Answer, ExtendReply, ReleaseReply};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
@@ -245,6 +245,7 @@ impl Lease {
         let Some((reason, subscribers, listened)) = telling else {
             return;
         };
+        stats::lost(reason);
         if listened {
             log::info!("lock {:?} lost: {reason}", self.keys.lock);
         } else {
@@ -523,6 +524,9 @@ impl Lease {
             ..self.hold()
         };
         let reply = self.server.release(hold, self.ttl(), false, &exec)?;
+        if reply == ReleaseReply::HandedOff {
+            stats::handed_off();
+        }
         Ok(reply.was_held())
     }
 }

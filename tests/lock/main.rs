@@ -22,6 +22,7 @@
 //! - `kinds`: reentrant locks, semaphores, read-write locks.
 //! - `deployments`: Cluster, Sentinel, replica acknowledgement, Redlock.
 //! - `errors`: what a failure says, and that it says the same for the same cause.
+//! - `stats`: the process-wide figures.
 //! - `upgrade`: clients of 0.1 and of this version on the same names.
 //! - `chaos`: randomised runs under every fault at once (ignored: run by hand).
 //! - `proxy_selftest`: the fault proxy itself does what the tests above rely on.
@@ -48,6 +49,7 @@ mod proxy_selftest;
 mod release;
 mod renewal;
 mod signals;
+mod stats;
 mod upgrade;
 mod urls;
 mod waiting;

@@ -9,11 +9,24 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "test_harness.h"
+
+struct stats_waiter {
+    lock_client_t client;
+    int32_t status;
+    lock_t lock;
+};
+
+static void *stats_wait(void *arg) {
+    struct stats_waiter *w = arg;
+    w->status = lock_acquire(w->client, "c:st", 10000, 5000 * (uint64_t)slack, &w->lock);
+    return NULL;
+}
 
 static void test_inspect_shows_the_holder_its_lease_and_fencing_token(void) {
     lock_client_t client = open_client();
@@ -194,6 +207,48 @@ static void test_renewal_stats_count_renewals(void) {
     CHECK_STATUS(lock_client_close(client), LOCK_OK);
 }
 
+static void test_stats_count_acquisitions_waits_handoffs_and_losses(void) {
+    lock_client_t client = open_client(), other = open_client();
+    lock_stats_t before, after, interval;
+    lock_t a = 0, busy = 0, doomed = 0;
+    struct stats_waiter w = {other, -99, 0};
+    pthread_t thread;
+    const char *del[] = {"DEL", "c:st-lost"};
+    char reply[4096];
+
+    CHECK_STATUS(lock_stats(&before, sizeof before), LOCK_OK);
+    CHECK_STATUS(lock_acquire(client, "c:st", 10000, 0, &a), LOCK_OK);
+    CHECK_STATUS(lock_acquire(other, "c:st", 10000, 0, &busy), LOCK_BUSY);
+    CHECK(pthread_create(&thread, NULL, stats_wait, &w) == 0);
+    sleep_ms(300 * slack); /* the waiter registers and blocks */
+    CHECK_STATUS(lock_release(a), LOCK_OK); /* handed to the waiter */
+    pthread_join(thread, NULL);
+    CHECK_STATUS(w.status, LOCK_OK);
+    CHECK_STATUS(lock_release(w.lock), LOCK_OK);
+    CHECK_STATUS(lock_acquire(client, "c:st-lost", 300, 0, &doomed), LOCK_OK);
+    CHECK(raw_command(reply, sizeof reply, 2, del) == 0);
+    sleep_ms(600 * slack); /* the next renewal finds the key gone */
+    CHECK_STATUS(lock_stats(&after, sizeof after), LOCK_OK);
+    CHECK_STATUS(lock_stats_since(&after, &before, &interval, sizeof interval), LOCK_OK);
+    CHECK(interval.acquisitions == 3 && interval.busy == 1 && interval.cancelled == 0);
+    CHECK(interval.waits == 1 && interval.handoffs == 1 && interval.lost_not_held == 1);
+    CHECK(interval.wait_p50_us >= 250000 && interval.wait_p50_us <= interval.max_wait_us);
+    CHECK(interval.wait_p99_us <= interval.max_wait_us && interval.max_wait_us == after.max_wait_us);
+    CHECK(interval.lateness_p99_us <= interval.max_lateness_us);
+    CHECK(after.acquisitions == before.acquisitions + 3);
+    CHECK_STATUS(lock_release(doomed), LOCK_NOT_HELD);
+
+    /* Bad input. */
+    CHECK_STATUS(lock_stats(NULL, sizeof after), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_stats(&after, 7), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_stats_since(NULL, &before, &interval, sizeof interval), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_stats_since(&after, &before, NULL, sizeof interval), LOCK_ERR_ARGUMENT);
+    before.size = 3;
+    CHECK_STATUS(lock_stats_since(&after, &before, &interval, sizeof interval), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_client_close(client), LOCK_OK);
+    CHECK_STATUS(lock_client_close(other), LOCK_OK);
+}
+
 static void test_bad_arguments(void) {
     lock_client_t client = open_client();
     lock_info_t *info = NULL;
@@ -226,6 +281,7 @@ int main(void) {
     test_break_deletes_only_the_holder_shown();
     test_check_reports_the_server();
     test_renewal_stats_count_renewals();
+    test_stats_count_acquisitions_waits_handoffs_and_losses();
 
     return harness_report();
 }

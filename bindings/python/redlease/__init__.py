@@ -69,7 +69,7 @@ from ._errors import (
     RedleaseError,
     ReplicationError,
 )
-from ._inspect import LockInfo, RenewalStats, ServerCheck, renewal_stats
+from ._inspect import LockInfo, RenewalStats, ServerCheck, Stats, renewal_stats, stats
 from ._locks import Lock, RwLock, Semaphore
 from ._logging import set_log_level
 from ._native import version
@@ -103,4 +103,6 @@ __all__ = [
     "ServerCheck",
     "RenewalStats",
     "renewal_stats",
+    "Stats",
+    "stats",
 ]

@@ -167,3 +167,120 @@ def renewal_stats() -> RenewalStats:
         lateness_p99=s.lateness_p99_us / 1e6,
         lateness_p999=s.lateness_p999_us / 1e6,
     )
+
+
+class Stats:
+    """This process's figures so far (every client): counters that only grow, and the
+    quantiles of the waits and of the renewals' lateness (to within 19 %, never above the
+    maximum). ``later.since(earlier)`` gives the figures of an interval. Made by
+    :func:`stats`; read-only."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: "_native.Stats_t") -> None:
+        self._raw = raw
+
+    @property
+    def acquisitions(self) -> int:
+        """Acquires that took the lock (every kind; a reentrant lock's extra holds
+        included)."""
+        return int(self._raw.acquisitions)
+
+    @property
+    def busy(self) -> int:
+        """Acquires that ended busy."""
+        return int(self._raw.busy)
+
+    @property
+    def cancelled(self) -> int:
+        """Acquires cancelled on purpose."""
+        return int(self._raw.cancelled)
+
+    @property
+    def failed(self) -> int:
+        """Acquires that failed otherwise (connection, server, replication errors)."""
+        return int(self._raw.failed)
+
+    @property
+    def waits(self) -> int:
+        """Acquires that had to wait (their first attempt found the lock held)."""
+        return int(self._raw.waits)
+
+    def wait_quantile(self, q: float) -> float:
+        """Seconds: the 0.5, 0.9 or 0.99 quantile of the waits (others are not kept)."""
+        return _pick(q, self._raw.wait_p50_us, self._raw.wait_p90_us, self._raw.wait_p99_us)
+
+    @property
+    def max_wait(self) -> float:
+        """The longest wait in the life of the process, in seconds."""
+        return self._raw.max_wait_us / 1e6
+
+    @property
+    def handoffs(self) -> int:
+        """Releases that handed the lock straight to a waiter."""
+        return int(self._raw.handoffs)
+
+    @property
+    def lost_not_held(self) -> int:
+        """Locks lost because the key no longer held their token."""
+        return int(self._raw.lost_not_held)
+
+    @property
+    def lost_unreachable(self) -> int:
+        """Locks lost because Redis stayed unreachable until their lease ran out."""
+        return int(self._raw.lost_unreachable)
+
+    @property
+    def unknown_outcomes(self) -> int:
+        """Calls that failed with their outcome unknown (a request out, no reply)."""
+        return int(self._raw.unknown_outcomes)
+
+    @property
+    def renewals(self) -> int:
+        """Renewals that succeeded."""
+        return int(self._raw.renewals)
+
+    @property
+    def renewal_failures(self) -> int:
+        """Renewal attempts that failed."""
+        return int(self._raw.renewal_failures)
+
+    def lateness_quantile(self, q: float) -> float:
+        """Seconds: the 0.5 or 0.99 quantile of the renewals' lateness."""
+        return _pick(q, self._raw.lateness_p50_us, None, self._raw.lateness_p99_us)
+
+    @property
+    def max_lateness(self) -> float:
+        """The latest renewal in the life of the process, past its due time, in seconds."""
+        return self._raw.max_lateness_us / 1e6
+
+    def since(self, earlier: "Stats") -> "Stats":
+        """The figures of the interval from ``earlier`` to this snapshot (``lock_stats_since``);
+        the maxima stay those of the whole life of the process."""
+        if not isinstance(earlier, Stats):
+            raise InvalidArgumentError(f"earlier must be a redlease.Stats, not {type(earlier).__name__}")
+        out = _native.Stats_t()
+        _native.check(lib.lock_stats_since(byref(self._raw), byref(earlier._raw), byref(out), ctypes.sizeof(out)))
+        return Stats(out)
+
+    def __repr__(self) -> str:
+        return (
+            f"<redlease.Stats acquisitions={self.acquisitions} busy={self.busy} waits={self.waits} "
+            f"handoffs={self.handoffs} lost={self.lost_not_held + self.lost_unreachable} "
+            f"renewals={self.renewals}>"
+        )
+
+
+def _pick(q: float, p50: int, p90: "Optional[int]", p99: int) -> float:
+    table = {0.5: p50, 0.9: p90, 0.99: p99}
+    value = table.get(q)
+    if value is None:
+        raise InvalidArgumentError(f"quantile {q!r} is not kept: ask for one of {sorted(k for k, v in table.items() if v is not None)}")
+    return value / 1e6
+
+
+def stats() -> Stats:
+    """This process's figures so far (``lock_stats``). Never blocks."""
+    raw = _native.Stats_t()
+    _native.check(lib.lock_stats(byref(raw), ctypes.sizeof(raw)))
+    return Stats(raw)

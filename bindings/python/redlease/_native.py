@@ -156,6 +156,37 @@ class ErrorInfo_t(Structure):
 CAUSES = {LOCK_CAUSE_TIMEOUT: "timeout", LOCK_CAUSE_CONNECTION: "connection"}
 
 
+LOCK_STATS_BUCKETS = 108
+
+
+class Stats_t(Structure):
+    """``lock_stats_t``."""
+
+    _fields_ = [
+        ("size", c_size_t),
+        ("acquisitions", c_uint64),
+        ("busy", c_uint64),
+        ("cancelled", c_uint64),
+        ("failed", c_uint64),
+        ("waits", c_uint64),
+        ("wait_p50_us", c_uint64),
+        ("wait_p90_us", c_uint64),
+        ("wait_p99_us", c_uint64),
+        ("max_wait_us", c_uint64),
+        ("handoffs", c_uint64),
+        ("lost_not_held", c_uint64),
+        ("lost_unreachable", c_uint64),
+        ("unknown_outcomes", c_uint64),
+        ("renewals", c_uint64),
+        ("renewal_failures", c_uint64),
+        ("lateness_p50_us", c_uint64),
+        ("lateness_p99_us", c_uint64),
+        ("max_lateness_us", c_uint64),
+        ("wait_buckets", c_uint64 * LOCK_STATS_BUCKETS),
+        ("lateness_buckets", c_uint64 * LOCK_STATS_BUCKETS),
+    ]
+
+
 #: ``remaining_ms`` of a lock without expiry, or of a free one.
 LOCK_NO_EXPIRY = 2**64 - 1
 
@@ -253,6 +284,12 @@ _declare("lock_break", c_int32, [lock_client_t, c_char_p, c_char_p])
 _declare("lock_check", c_int32, [lock_client_t, POINTER(POINTER(ServerCheck_t))])
 _declare("lock_server_check_free", c_int32, [POINTER(ServerCheck_t)])
 _declare("lock_renewal_stats", c_int32, [POINTER(RenewalStats_t), c_size_t])
+_declare("lock_stats", c_int32, [POINTER(Stats_t), c_size_t])
+_declare(
+    "lock_stats_since",
+    c_int32,
+    [POINTER(Stats_t), POINTER(Stats_t), POINTER(Stats_t), c_size_t],
+)
 _declare("lock_last_error", c_char_p, [])
 _declare("lock_last_error_info", c_int32, [POINTER(ErrorInfo_t), c_size_t])
 _declare("lock_status_name", c_char_p, [c_int32])

@@ -141,6 +141,7 @@ _STRUCTS = {
     "lock_server_check_t": _native.ServerCheck_t,
     "lock_renewal_stats_t": _native.RenewalStats_t,
     "lock_error_info_t": _native.ErrorInfo_t,
+    "lock_stats_t": _native.Stats_t,
 }
 
 
@@ -150,8 +151,12 @@ def _typedefs(header):
 
 def _ctype(c_type: str, typedefs, field: bool = False):
     """The ctypes type for a C type spelled as in the header. A ``char *`` field of a struct
-    is a string the library owns (``c_char_p``); a ``char *`` parameter is a buffer."""
+    is a string the library owns (``c_char_p``); a ``char *`` parameter is a buffer;
+    ``T[N]`` an array of a constant's length."""
     t = " ".join(c_type.replace("struct ", "").split())
+    array = re.match(r"(.*)\[(\w+)\]$", t)
+    if array:
+        return _ctype(array.group(1), typedefs, field) * getattr(_native, array.group(2))
     if t in ("const char *", "const char*") or (field and t == "char *"):
         return c_char_p
     if t.endswith("*"):
@@ -194,9 +199,10 @@ def _struct_fields(header):
         for decl in body.split(";"):
             decl = " ".join(decl.split())
             if decl:
-                m = re.match(r"(.*?)(\w+)$", decl)
+                m = re.match(r"(.*?)(\w+)(?:\[(\w+)\])?$", decl)
                 assert m, decl
-                fields.append((m.group(1).strip(), m.group(2)))
+                c_type = m.group(1).strip() + (f"[{m.group(3)}]" if m.group(3) else "")
+                fields.append((c_type, m.group(2)))
         structs[name] = fields
     return structs
 

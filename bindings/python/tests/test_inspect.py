@@ -100,3 +100,32 @@ def test_inspect_tells_the_kind_that_holds_a_name(client):
     lk.release()
     for p in permits:
         p.release()
+
+
+def test_stats_count_acquisitions_waits_handoffs_and_losses(client, r):
+    import threading
+
+    before = redlease.stats()
+    holder = client.acquire("i:st", wait=0)
+    with pytest.raises(redlease.LockBusyError):
+        client.acquire("i:st", wait=0)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(client.acquire("i:st", wait=5)))
+    waiter.start()
+    time.sleep(0.3)
+    holder.release()  # handed to the waiter
+    waiter.join(10)
+    got[0].release()
+    doomed = client.acquire("i:st-lost", ttl=0.3, wait=0)
+    r.delete("i:st-lost")
+    assert doomed.lost.wait(5)
+    d = redlease.stats().since(before)
+    assert (d.acquisitions, d.busy, d.waits, d.handoffs, d.lost_not_held) == (3, 1, 1, 1, 1)
+    assert 0.25 <= d.wait_quantile(0.5) <= d.max_wait
+    assert d.wait_quantile(0.99) <= d.max_wait
+    assert d.lateness_quantile(0.99) <= d.max_lateness
+    with pytest.raises(redlease.InvalidArgumentError):
+        d.wait_quantile(0.75)
+    with pytest.raises(redlease.InvalidArgumentError):
+        d.since("yesterday")  # type: ignore[arg-type]
+    assert doomed.release() is False
