@@ -815,6 +815,16 @@ int32_t lock_rwlock_acquire(lock_client_t client,
 int32_t lock_release(lock_t lock);
 
 /**
+ * Lets go of a lock without releasing it: stops its renewal and spends the handle, sending
+ * nothing, so that the key keeps the token until its lease ends, as if the process had
+ * crashed (a lease that must outlive its holder, as redis-py's locks do when forgotten).
+ * The lost-lock callback is not called any more. The same thread rule as `lock_release`
+ * holds for a reentrant lock's thread-owned hold. Results: `LOCK_OK`, `LOCK_NOT_HELD`
+ * (another thread's hold; nothing changes), `LOCK_ERR_HANDLE`.
+ */
+int32_t lock_abandon(lock_t lock);
+
+/**
  * Sets the lease to `ttl_ms` from now if the key still holds the token. Blocking: waits
  * for a renewal in flight, then one round trip, cut off at the lease's local deadline.
  * Results: `LOCK_OK`, `LOCK_NOT_HELD` (the lock was lost, now or before, also when the

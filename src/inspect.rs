@@ -262,17 +262,34 @@ impl Client {
     }
 }
 
-/// Glob matching with `*` (any run) and `?` (any one byte).
+/// Glob matching with `*` (any run) and `?` (any one byte). Iterative, with one
+/// backtracking point (the last `*`): time proportional to the pattern's length times the
+/// text's, whatever the pattern (`***...x` included), and no recursion.
 fn glob(pattern: &[u8], text: &[u8]) -> bool {
-    match (pattern.first(), text.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => {
-            glob(&pattern[1..], text) || (!text.is_empty() && glob(pattern, &text[1..]))
+    let (mut p, mut t) = (0, 0);
+    // Where to resume after the last `*`: the pattern after it, and the text it reached.
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p + 1, t));
+                p += 1;
+            }
+            Some(&c) if c == b'?' || c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((after, reached)) => {
+                    p = after;
+                    t = reached + 1;
+                    star = Some((after, reached + 1));
+                }
+                None => return false,
+            },
         }
-        (Some(b'?'), Some(_)) => glob(&pattern[1..], &text[1..]),
-        (Some(p), Some(t)) if p == t => glob(&pattern[1..], &text[1..]),
-        _ => false,
     }
+    pattern[p..].iter().all(|&c| c == b'*')
 }
 
 #[cfg(test)]
@@ -287,6 +304,20 @@ mod tests {
         assert!(glob(b"a?c", b"abc"));
         assert!(glob(b"*:{x}*", b"a:{x}b"));
         assert!(!glob(b"", b"a"));
+        assert!(glob(b"", b""));
+        assert!(glob(b"a*", b"a"));
+        assert!(glob(b"*a*b*", b"xxaxxbxx"));
+        assert!(!glob(b"*a*b", b"xxaxxbxx"));
+        assert!(glob(b"?", b"x") && !glob(b"?", b"") && !glob(b"??", b"x"));
+    }
+
+    #[test]
+    fn hostile_globs_end_without_backtracking_or_recursion() {
+        // A backtracking matcher takes exponential time on the first (it would never end)
+        // and overflows its stack on the second.
+        let text = vec![b'a'; 10_000];
+        assert!(!glob(&[&b"*".repeat(50)[..], b"x"].concat(), &text));
+        assert!(glob(&b"*".repeat(1_000_000), b"anything"));
     }
 }
 

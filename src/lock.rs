@@ -439,6 +439,30 @@ impl LockGuard {
         self.release_shared()
     }
 
+    /// Lets go of the lock without releasing it: stops renewing it (with its last hold, for
+    /// a reentrant lock) and sends nothing, so that the key keeps the token until its lease
+    /// ends, as if this process had crashed. For a holder that must leave the lock to
+    /// expire on its own (a compatibility layer whose callers rely on a lease outliving
+    /// the object). Never blocks beyond stopping a renewal in flight; this guard's
+    /// `on_lost` is not called any more.
+    pub fn abandon(self) {
+        self.abandon_shared();
+    }
+
+    /// [`abandon`](Self::abandon) through a shared reference.
+    pub(crate) fn abandon_shared(&self) {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.lease().forget_on_lost(&self.hold);
+        if self.held.leave() {
+            if let Some(renewal) = self.renewal_slot().take() {
+                renewal.stop();
+            }
+            self.lease().close_gate();
+        }
+    }
+
     /// [`release`](Self::release) through a shared reference, for owners that cannot
     /// consume the guard (the C ABI's handle table). Later calls do nothing and return
     /// `Ok`; other methods then report the lock as released.

@@ -812,24 +812,43 @@ impl Drop for UserData {
 #[unsafe(no_mangle)]
 pub extern "C" fn lock_release(lock: lock_t) -> i32 {
     boundary(|| {
-        let entry = LOCKS.get(lock).ok_or_else(|| Failure::handle("lock"))?;
-        if entry
-            .owner_thread
-            .is_some_and(|owner| owner != std::thread::current().id())
-        {
-            return Err(Failure::new(
-                LOCK_NOT_HELD,
-                format!(
-                    "lock {:?}: this hold belongs to the thread that acquired it; another \
-                     thread may not release it",
-                    entry.guard.key()
-                ),
-            ));
-        }
-        let entry = LOCKS.remove(lock).ok_or_else(|| Failure::handle("lock"))?;
-        entry.guard.release_shared()?;
+        take_own(lock, "release")?.guard.release_shared()?;
         Ok(())
     })
+}
+
+/// Lets go of a lock without releasing it: stops its renewal and spends the handle, sending
+/// nothing, so that the key keeps the token until its lease ends, as if the process had
+/// crashed (a lease that must outlive its holder, as redis-py's locks do when forgotten).
+/// The lost-lock callback is not called any more. The same thread rule as `lock_release`
+/// holds for a reentrant lock's thread-owned hold. Results: `LOCK_OK`, `LOCK_NOT_HELD`
+/// (another thread's hold; nothing changes), `LOCK_ERR_HANDLE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn lock_abandon(lock: lock_t) -> i32 {
+    boundary(|| {
+        take_own(lock, "abandon")?.guard.abandon_shared();
+        Ok(())
+    })
+}
+
+/// Takes `lock` out of the handle table for the calling thread to `doing` it: refused
+/// (`LOCK_NOT_HELD`, the handle kept) for a reentrant lock's hold owned by another thread.
+fn take_own(lock: lock_t, doing: &str) -> Result<Arc<LockEntry>, Failure> {
+    let entry = LOCKS.get(lock).ok_or_else(|| Failure::handle("lock"))?;
+    if entry
+        .owner_thread
+        .is_some_and(|owner| owner != std::thread::current().id())
+    {
+        return Err(Failure::new(
+            LOCK_NOT_HELD,
+            format!(
+                "lock {:?}: this hold belongs to the thread that acquired it; another thread \
+                 may not {doing} it",
+                entry.guard.key()
+            ),
+        ));
+    }
+    LOCKS.remove(lock).ok_or_else(|| Failure::handle("lock"))
 }
 
 /// Sets the lease to `ttl_ms` from now if the key still holds the token. Blocking: waits

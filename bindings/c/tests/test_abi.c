@@ -731,6 +731,25 @@ static void test_new_statuses_ttl_floor_and_reserved_names(void) {
     CHECK_STATUS(lock_client_close(client), LOCK_OK);
 }
 
+static void test_an_abandoned_lock_keeps_its_key_until_its_lease_ends(void) {
+    lock_client_t client = open_client();
+    lock_t lock = 0, other = 0;
+    char token[LOCK_TOKEN_MAX], stored[4096];
+    const char *get[] = {"GET", "c:abandon"};
+
+    CHECK_STATUS(lock_acquire(client, "c:abandon", 400 * (uint64_t)slack, 0, &lock), LOCK_OK);
+    CHECK_STATUS(lock_token(lock, token, sizeof token), LOCK_OK);
+    CHECK_STATUS(lock_abandon(lock), LOCK_OK);
+    CHECK_STATUS(lock_release(lock), LOCK_ERR_HANDLE); /* the handle is spent */
+    CHECK_STATUS(lock_abandon(lock), LOCK_ERR_HANDLE);
+    CHECK(raw_command(stored, sizeof stored, 2, get) == 0 && strcmp(stored, token) == 0);
+    CHECK_STATUS(lock_acquire(client, "c:abandon", 10000, 0, &other), LOCK_BUSY);
+    sleep_ms(700 * slack); /* not renewed: the lease ends */
+    CHECK_STATUS(lock_acquire(client, "c:abandon", 10000, 0, &other), LOCK_OK);
+    CHECK_STATUS(lock_release(other), LOCK_OK);
+    CHECK_STATUS(lock_client_close(client), LOCK_OK);
+}
+
 /* A TCP port on 127.0.0.1 that nobody listens on (bound, read, closed). */
 static int unused_port(void) {
     struct sockaddr_in addr;
@@ -806,6 +825,7 @@ int main(void) {
     test_options_size_is_checked();
     test_new_statuses_ttl_floor_and_reserved_names();
     test_user_data_is_given_back_once_the_library_is_done_with_it();
+    test_an_abandoned_lock_keeps_its_key_until_its_lease_ends();
     test_last_error_info_tells_a_timeout_from_a_refused_connection();
 
     return harness_report();

@@ -5,8 +5,10 @@ client's arguments and opens and closes its C handle; the locks it hands out are
 objects of ``_locks``, and their asyncio face is ``_async``.
 """
 
+import atexit
 import os
 import threading
+import weakref
 from ctypes import byref, c_bool, c_char_p
 from typing import List, Optional, Sequence, Tuple, Type, Union
 
@@ -42,6 +44,24 @@ def _client_options(
     opts.owner_label = _args.opt_str(owner_label, "owner_label")
     opts.tls_ca_cert_file = _args.opt_path(tls_ca_cert_file, "tls_ca_cert_file")
     return opts
+
+
+# Every client still open, weakly: closed at interpreter exit (see _close_all_at_exit).
+_OPEN: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+def _close_all_at_exit() -> None:
+    """Closes every client still open when the interpreter exits, releasing their locks:
+    their renewal threads stop, and no lost-lock callback can reach an interpreter that is
+    finalising (a library thread calling into it then would abort the process)."""
+    for client in list(_OPEN):
+        try:
+            client._close_now()
+        except Exception:  # noqa: BLE001 - at exit, nothing to report it to
+            pass
+
+
+atexit.register(_close_all_at_exit)
 
 
 class Client:
@@ -86,6 +106,7 @@ class Client:
         _native.check(lib.lock_client_open_opts(url_bytes, byref(opts), byref(handle)))
         self._handle = handle.value
         self._url = _native.read_string(lib.lock_client_url, self._handle)
+        _OPEN.add(self)
 
     @classmethod
     def redlock(
@@ -121,6 +142,7 @@ class Client:
         client._pid = os.getpid()
         client._close_lock = threading.RLock()
         client._url = _native.read_string(lib.lock_client_url, client._handle, 16384)
+        _OPEN.add(client)
         return client
 
 
@@ -305,10 +327,20 @@ class Client:
 
     def close(self) -> None:
         """Releases every lock still held from this client (blocking for those releases),
-        then closes it. Idempotent. The Lock objects of those locks then say they are not
+        then closes it. Idempotent. Does nothing on the client of :meth:`from_redis`, which
+        others share: it lives as long as its redis-py pool. The Lock objects of those locks then say they are not
         held, and their ``release()`` raises :class:`InvalidHandleError`. An acquire still
         waiting on another thread waits on (a cancel ends it); if it is granted, it gives
         the lock back and raises :class:`InvalidHandleError`."""
+        if getattr(self, "_shared", False):
+            # Client.from_redis's client serves every user of its pool (the compatible
+            # locks among them): one user's close must not release the others' locks. It is
+            # closed when the pool goes, or at exit.
+            return
+        self._close_now()
+
+    def _close_now(self) -> None:
+        """Closes the client whoever shares it (see :meth:`close`)."""
         # Held throughout: a close racing this one returns once the locks are released.
         # Reentrant, for a finaliser that closes this client during the close.
         with self._close_lock:

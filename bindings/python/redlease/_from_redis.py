@@ -31,11 +31,12 @@ def client_for(source: object, factory: Callable[..., Any]) -> Any:
             return client
     url, options = describe(source)
     client = factory(url, **options)
+    client._shared = True  # close() leaves it open for the pool's other users
     with _CLIENTS_LOCK:
         # Another thread may have made one meanwhile: keep the first, close ours.
         first = _CLIENTS.setdefault(owner, client)
         if first is not client and first._handle:
-            client.close()
+            client._close_now()
             return first
         _CLIENTS[owner] = client
     return client
@@ -74,7 +75,8 @@ def describe(source: object) -> Tuple[str, Dict[str, Any]]:
     tls = "SSL" in class_name
     if tls:
         options.update(_tls(kwargs))
-    login = _login(kwargs.get("username"), kwargs.get("password"))
+    encoding = kwargs.get("encoding") or "utf-8"
+    login = _login(kwargs.get("username"), kwargs.get("password"), encoding)
     db = int(kwargs.get("db") or 0)
     if sentinel is not None:
         if not getattr(pool, "is_master", True):
@@ -86,10 +88,11 @@ def describe(source: object) -> Tuple[str, Dict[str, Any]]:
     if "UnixDomainSocket" in class_name:
         query = [f"db={db}"]
         if kwargs.get("username"):
-            query.append("user=" + quote(str(kwargs["username"]), safe=""))
+            query.append("user=" + quote(_text(kwargs["username"], encoding), safe=""))
         if kwargs.get("password"):
-            query.append("pass=" + quote(str(kwargs["password"]), safe=""))
-        return f"redis+unix://{kwargs['path']}?{'&'.join(query)}", options
+            query.append("pass=" + quote(_text(kwargs["password"], encoding), safe=""))
+        path = quote(_text(kwargs["path"]), safe="/")
+        return f"redis+unix://{path}?{'&'.join(query)}", options
     scheme = "rediss" if tls else "redis"
     host, port = kwargs.get("host", "localhost"), int(kwargs.get("port", 6379))
     return f"{scheme}://{login}{_host(host)}:{port}/{db}", options
@@ -147,13 +150,19 @@ def _tls(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     return {"tls_ca_cert_file": ca} if ca else {}
 
 
-def _login(username: object, password: object) -> str:
+def _text(value: object, encoding: str = "utf-8") -> str:
+    """A redis-py argument as text: ``bytes`` (which redis-py accepts for credentials) are
+    decoded."""
+    return value.decode(encoding) if isinstance(value, bytes) else str(value)
+
+
+def _login(username: object, password: object, encoding: str = "utf-8") -> str:
     """``user:pass@`` for a URL, percent-encoded; empty without a password."""
     if not password and not username:
         return ""
-    user = quote(str(username), safe="") if username else ""
+    user = quote(_text(username, encoding), safe="") if username else ""
     if password:
-        return f"{user}:{quote(str(password), safe='')}@"
+        return f"{user}:{quote(_text(password, encoding), safe='')}@"
     return f"{user}@"
 
 
@@ -175,10 +184,10 @@ def _sentinel(pool: Any, manager: Any, login: str, db: int, tls: bool) -> str:
     query = []
     if sentinel_login and sentinel_login[1]:
         if sentinel_login[0]:
-            query.append("sentinel_user=" + quote(str(sentinel_login[0]), safe=""))
-        query.append("sentinel_pass=" + quote(str(sentinel_login[1]), safe=""))
+            query.append("sentinel_user=" + quote(_text(sentinel_login[0]), safe=""))
+        query.append("sentinel_pass=" + quote(_text(sentinel_login[1]), safe=""))
     scheme = "rediss+sentinel" if tls else "redis+sentinel"
-    url = f"{scheme}://{login}{','.join(addresses)}/{quote(str(pool.service_name), safe='')}/{db}"
+    url = f"{scheme}://{login}{','.join(addresses)}/{quote(_text(pool.service_name), safe='')}/{db}"
     return url + (f"?{'&'.join(query)}" if query else "")
 
 

@@ -84,8 +84,7 @@ def _threading_wait_ms(blocking: object, timeout: object) -> int:
         blocking = True
     if timeout is _UNSET:
         timeout = -1
-    if not isinstance(blocking, bool):
-        raise InvalidArgumentError(f"blocking must be a bool, not {type(blocking).__name__}")
+    blocking = bool(blocking)  # any truth value, as threading.Lock.acquire takes
     if timeout == -1 and not isinstance(timeout, bool):
         return UINT64_MAX if blocking else 0
     if not blocking:
@@ -468,6 +467,23 @@ class Lock:
             return False
         _native.check(status)
         return True
+
+    def _abandon(self) -> None:
+        """Lets go of the current holding without releasing it (``lock_abandon``): renewal
+        stops, nothing is sent, and the key keeps the token until its lease ends. For the
+        redis-py compatible lock, whose forgotten locks must outlive their object as
+        redis-py's do. Does nothing when not held."""
+        with _REGISTRY:
+            handle, self._handle = self._handle, 0
+        if not handle:
+            return
+        try:
+            lib.lock_abandon(handle)
+        finally:
+            self._disown(handle)
+            self._with_may_take_over = False
+            self._owner = None
+            self._gate.release()
 
     def extend(self, ttl: float) -> None:
         """Sets the lease of the current holding to ``ttl`` seconds from now. Blocks for one

@@ -66,7 +66,11 @@ def _forward(level: int, target: Optional[bytes], message: Optional[bytes], _use
         _name_this_thread()
         text = message.decode("utf-8", "replace") if message else ""
         where = target.decode("utf-8", "replace") if target else "redlease"
-        logger.log(py_level, "%s", text, extra={"redlease_target": where})
+        _in_callback.active = True
+        try:
+            logger.log(py_level, "%s", text, extra={"redlease_target": where})
+        finally:
+            _in_callback.active = False
     except BaseException:  # noqa: BLE001 - nothing may leave a ctypes callback
         pass
 
@@ -104,52 +108,98 @@ def _c_level(level: int) -> int:
     return LOCK_LOG_ERROR
 
 
-def set_log_level(level: Optional[int], *, _following: bool = False) -> None:
+def set_log_level(level: Optional[int]) -> None:
     """Sets which of the library's records reach the ``redlease`` logger: those at Python
     ``level`` (``logging.DEBUG``, ``logging.INFO``, ...) or more severe; ``None`` sends none.
     The logger's own level and handlers then filter as usual. By default it follows the
     logger's effective level (set at import and at every change of a level); this call
-    overrides it until the next change."""
+    overrides it until the next change. Not from a handler of a library record (that
+    raises :class:`InvalidArgumentError`; a ``setLevel`` there is applied just after)."""
     global _applied
     if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
         raise TypeError(f"level must be an int (a logging level) or None, not {type(level).__name__}")
     with _state_lock:
-        if not _following:
-            _applied = None  # the next change of a level applies again
-        if level is None:
-            _native.check(lib.lock_set_log_callback(LOCK_LOG_WARN, _native.LOG_CALLBACK(), None))
-        else:
-            _native.check(lib.lock_set_log_callback(_c_level(level), _callback, None))
+        _apply(level)
+        _applied = None  # the next change of a level applies again
 
 
+def _apply(level: Optional[int]) -> None:
+    """Gives the library ``level``. The caller holds ``_state_lock``."""
+    if level is None:
+        _native.check(lib.lock_set_log_callback(LOCK_LOG_WARN, _native.LOG_CALLBACK(), None))
+    else:
+        _native.check(lib.lock_set_log_callback(_c_level(level), _callback, None))
+
+
+# The level last given to the library by following the logger (None: set by hand since, or
+# never), whether following has stopped (at exit), and whether a level change waits for
+# the worker thread. All under _state_lock.
 _applied: Optional[int] = None
 _stopped = False
+_pending = False
+# Set on a thread while it runs a library record through logging (see _forward).
+_in_callback = threading.local()
+
+
+def _effective() -> int:
+    """The ``redlease`` logger's effective level, with what ``logging.disable`` turned off
+    (above CRITICAL: nothing)."""
+    level = logger.getEffectiveLevel()
+    disabled = logging.root.manager.disable
+    return disabled + 1 if disabled >= level else level
 
 
 def _follow() -> None:
-    """Sets the library's level from the ``redlease`` logger's effective level (also what
-    ``logging.disable`` turned off), when it changed."""
+    """Gives the library the ``redlease`` logger's effective level, when it changed. Under
+    ``_state_lock`` from the reading to the recording, so that concurrent changes end with
+    the last one applied."""
     global _applied
-    if _stopped:
-        return
-    level = logger.getEffectiveLevel()
-    disabled = logging.root.manager.disable
-    if disabled >= level:
-        level = disabled + 1
     with _state_lock:
+        if _stopped:
+            return
+        level = _effective()
         if level == _applied:
             return
+        _apply(level if level <= logging.CRITICAL else None)
         _applied = level
-    set_log_level(level if level <= logging.CRITICAL else None, _following=True)
+
+
+def _follow_soon() -> None:
+    """Has :func:`_follow` run on a worker thread (one at a time; changes made meanwhile
+    are picked up by the same worker)."""
+    global _pending
+    with _state_lock:
+        if _pending or _stopped:
+            _pending = _pending or not _stopped
+            return
+        _pending = True
+
+    def work() -> None:
+        global _pending
+        while True:
+            with _state_lock:
+                if not _pending:
+                    return
+                _pending = False
+            try:
+                _follow()
+            except Exception:  # noqa: BLE001 - a level the library refused: nothing to tell
+                pass
+
+    try:
+        threading.Thread(target=work, name="redlease-log-level", daemon=True).start()
+    except RuntimeError:  # no thread now: the next change tries again
+        with _state_lock:
+            _pending = False
 
 
 def _follow_level_changes() -> None:
     """Runs :func:`_follow` after every change of a logging level. ``Logger.setLevel`` and
     ``logging.disable`` clear the logging manager's level cache: its ``_clear_cache`` is
-    wrapped. The library's level is set synchronously, unless this thread holds logging's
-    lock (``dictConfig`` does while it configures): a log callback in flight on another
-    thread may be waiting for that lock, while setting the level waits for the callbacks in
-    flight; a short-lived thread sets it then."""
+    wrapped. The library's level is set at once, unless this thread holds logging's lock
+    (``dictConfig`` does while it configures) or is handling a library record: setting the
+    level waits for the records in flight, which may be waiting for that lock, and is
+    refused from inside a record. A worker thread sets it then."""
     manager = logging.Logger.manager
     original: Optional[Callable[[], None]] = getattr(manager, "_clear_cache", None)
     if original is None or getattr(original, "_redlease", False):
@@ -162,10 +212,13 @@ def _follow_level_changes() -> None:
             holds_logging_lock = lock is None or lock._is_owned()  # type: ignore[union-attr]
         except AttributeError:
             holds_logging_lock = True
-        if holds_logging_lock:
-            threading.Thread(target=_follow, name="redlease-log-level", daemon=True).start()
+        if holds_logging_lock or getattr(_in_callback, "active", False):
+            _follow_soon()
         else:
-            _follow()
+            try:
+                _follow()
+            except Exception:  # noqa: BLE001 - a level change must not fail setLevel
+                _follow_soon()
 
     clear_cache_and_follow._redlease = True  # type: ignore[attr-defined]
     manager._clear_cache = clear_cache_and_follow  # type: ignore[method-assign]
@@ -174,9 +227,10 @@ def _follow_level_changes() -> None:
 def _stop_at_exit() -> None:
     # Library threads must not call into an interpreter that is shutting down.
     global _stopped
-    _stopped = True
     try:
-        set_log_level(None)
+        with _state_lock:
+            _stopped = True
+            _apply(None)
     except Exception:  # noqa: BLE001 - at exit, nothing to report it to
         pass
 

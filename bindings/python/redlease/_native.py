@@ -262,6 +262,7 @@ _declare(
     [lock_client_t, c_char_p, c_int32, c_uint64, c_uint64, POINTER(AcquireOptions), POINTER(lock_t)],
 )
 _declare("lock_release", c_int32, [lock_t])
+_declare("lock_abandon", c_int32, [lock_t])
 _declare("lock_extend", c_int32, [lock_t, c_uint64])
 _declare("lock_is_held", c_int32, [lock_t, POINTER(c_bool)])
 _declare("lock_fencing_token", c_int32, [lock_t, POINTER(c_uint64)])

@@ -22,7 +22,10 @@ by the lock's name. Where redis-py's semantics are unsafe, it differs (see the R
 - ``acquire(token=...)`` is refused: redlease draws a fresh token for every acquisition,
   which is what keeps a late release from deleting a later holder's key;
 - ``extend(t)`` adds ``t`` to the lease this process knows of (a few ms under the server's
-  ``PTTL`` at most).
+  ``PTTL`` at most);
+- a lock forgotten while held (its object collected, or the thread that took it ended)
+  keeps its key until its lease ends, as redis-py's does, but a ``timeout=None`` lock then
+  expires within :data:`RENEWED_TTL` instead of never.
 
 :class:`AsyncLock` is the twin for ``redis.asyncio.Redis``. Errors are
 :class:`LockError` and :class:`LockNotOwnedError`, subclasses of both redis-py's exceptions
@@ -78,6 +81,32 @@ class LockNotOwnedError(LockError, redis.exceptions.LockNotOwnedError):
     it (redis-py's ``LockNotOwnedError``; also a :class:`redlease.RedleaseError`)."""
 
     status = LockNotHeldError.status
+
+
+class _Holding:
+    """One acquisition of a compatible lock: the native lock that holds it. Dropped with
+    the thread-local storage of the thread that took it, or with its compatible lock,
+    while still held, it lets the key expire by its lease rather than deleting it, as a
+    forgotten redis-py lock does (callers rely on a lease outliving the object: "at most
+    once per N seconds")."""
+
+    __slots__ = ("native",)
+
+    def __init__(self, native: Any) -> None:
+        self.native = native
+
+    def take(self) -> Any:
+        """The native lock, for a release or an extend; the holding no longer abandons."""
+        native, self.native = self.native, None
+        return native
+
+    def __del__(self) -> None:
+        native = getattr(self, "native", None)
+        if native is not None:
+            try:
+                native._abandon()
+            except Exception:  # noqa: BLE001 - never raise from a finaliser
+                pass
 
 
 def _name_text(name: Any) -> str:
@@ -144,20 +173,23 @@ class _Base:
             )
 
     def _held(self) -> Any:
-        return getattr(self.local, "held", None)
+        """This thread's native lock (or the object's, without thread_local), or None."""
+        holding = getattr(self.local, "held", None)
+        return holding.native if holding is not None else None
 
     def _token(self) -> Optional[bytes]:
         return getattr(self.local, "token", None)
 
     def _took(self, native: Any) -> None:
-        self.local.held = native
+        self.local.held = _Holding(native)
         self.local.token = native.token.encode("utf-8")
 
     def _forget(self) -> Any:
-        native = self._held()
+        """Ends this thread's holding here: returns its native lock, to release."""
+        holding = getattr(self.local, "held", None)
         self.local.token = None
         self.local.held = None
-        return native
+        return holding.take() if holding is not None else None
 
     def _check_held(self, doing: str) -> Any:
         if self._token() is None or self._held() is None:
@@ -169,8 +201,18 @@ class _Base:
         return self._held()
 
     def _extend_ttl(self, native: Any, additional_time: Number, replace_ttl: bool) -> float:
+        """The new lease; raises :class:`LockError` for one the library would refuse (under
+        its 10 ms floor), as redis-py raises its errors for a bad extend."""
         add = _args.seconds(additional_time, "additional_time")
-        return add if replace_ttl else native.remaining + add
+        ttl = add if replace_ttl else native.remaining + add
+        if ttl < 0.01:
+            if not native.held:
+                raise self._not_owned("extend")
+            raise LockError(
+                f"Cannot extend a lock to a lease of {ttl:.4f} s: the least is 0.01 s",
+                lock_name=_name_text(self.name),
+            )
+        return ttl
 
     def _not_owned(self, doing: str) -> LockNotOwnedError:
         return LockNotOwnedError(

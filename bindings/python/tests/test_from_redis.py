@@ -43,13 +43,37 @@ def test_one_client_per_pool_reused(server):
     assert redlease.Client.from_redis(other) is not redlease.Client.from_redis(a)
 
 
-def test_a_closed_shared_client_is_made_again(server):
+def test_closing_the_shared_client_releases_nobody_elses_lock(server):
+    """Every user of a pool shares its client: one user's `with ... as c:` must not release
+    the locks the others hold through it (the compatible locks among them)."""
     r = redis.Redis(host="127.0.0.1", port=server.port)
-    first = redlease.Client.from_redis(r)
-    first.close()
+    lock = r.lock("shared", lock_class=rp.Lock, timeout=30)
+    assert lock.acquire(blocking=False)
+    with redlease.Client.from_redis(r) as c:
+        c.acquire("mine", wait=0).release()
+    assert lock.owned() and not lock.lost.is_set()
+    assert redlease.Client.from_redis(r) is c  # still the same, still open
+    lock.release()
+    c._close_now()  # what the pool's collection does
     again = redlease.Client.from_redis(r)
-    assert again is not first
+    assert again is not c
     again.acquire("x", wait=0).release()
+
+
+def test_bytes_credentials_and_odd_unix_paths_are_carried(tmp_path):
+    odd = tmp_path / "a b?#%41"
+    odd.mkdir()
+    sock = odd / "r.sock"
+    srv = RedisServer(tmp_path, "--unixsocket", str(sock), "--requirepass", "pw")
+    try:
+        r = redis.Redis(unix_socket_path=str(sock), password=b"pw")
+        with redlease.Client.from_redis(r).acquire("job", wait=0) as lk:
+            assert holds(r, "job", lk)
+        tcp = redis.Redis(host="127.0.0.1", port=srv.port, username=b"default", password=b"pw")
+        with redlease.Client.from_redis(tcp).acquire("job2", wait=0) as lk:
+            assert holds(tcp, "job2", lk)
+    finally:
+        srv.stop()
 
 
 def test_a_password_and_username_are_carried(tmp_path):

@@ -6,6 +6,8 @@ import math
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -439,3 +441,20 @@ def test_errors_say_whether_the_outcome_is_unknown_and_why(server):
             client.acquire("y", wait=0)
         held.release()
     assert busy.value.outcome_unknown is False and busy.value.cause is None
+
+
+def test_the_interpreter_exits_cleanly_while_held_locks_are_being_lost(server, child_env):
+    """Locks lost around interpreter exit: the lost-lock callbacks must not reach a
+    finalising interpreter (a library thread calling into it then aborts the process).
+    Every client still open is closed at exit, which stops their renewal threads."""
+    script = (
+        "import redis, redlease, sys\n"
+        f"r = redis.Redis(host='127.0.0.1', port={server.port})\n"
+        f"c = redlease.Client('{server.url}')\n"
+        "locks = [c.acquire(f'exit{i}', ttl=0.05 * (1 + i % 5)) for i in range(40)]\n"
+        "r.delete(*[f'exit{i}' for i in range(40)])\n"
+    )
+    for _ in range(4):
+        proc = subprocess.run([sys.executable, "-c", script], env=child_env, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr

@@ -226,3 +226,53 @@ def test_a_level_changed_while_logging_is_locked_is_applied_soon():
         assert eventually(lambda: _logging._applied == logging.INFO, 5.0)
     finally:
         logger.setLevel(old)
+
+
+def test_a_level_set_by_a_handler_of_a_library_record_is_applied_just_after(client, r):
+    """A handler that turns DEBUG on at the first library warning: setLevel inside the
+    record's callback cannot reach the library at once (it would wait for itself); it is
+    applied right after, and never raises into the handler."""
+    logger = logging.getLogger("redlease")
+    old = logger.level
+    errors = []
+
+    class Escalate(logging.Handler):
+        def emit(self, record):
+            try:
+                logger.setLevel(logging.DEBUG)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+    handler = Escalate()
+    logger.addHandler(handler)
+    try:
+        logger.setLevel(logging.INFO)
+        lk = client.acquire("log:escalate", ttl=0.3, wait=0)
+        r.delete("log:escalate")
+        assert lk.lost.wait(5.0)  # an INFO record: the handler raises the level
+        assert eventually(lambda: _logging._applied == logging.DEBUG, 5.0)
+        assert not errors, errors
+        lk.release()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+
+
+def test_concurrent_level_changes_end_with_the_last_one_applied():
+    logger = logging.getLogger("redlease")
+    old = logger.level
+    try:
+        def flip(levels):
+            for level in levels * 200:
+                logger.setLevel(level)
+
+        threads = [threading.Thread(target=flip, args=([logging.DEBUG, logging.ERROR],)),
+                   threading.Thread(target=flip, args=([logging.INFO, logging.WARNING],))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        logger.setLevel(logging.INFO)
+        assert eventually(lambda: _logging._applied == logging.INFO, 5.0)
+    finally:
+        logger.setLevel(old)

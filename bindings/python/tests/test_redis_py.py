@@ -390,3 +390,32 @@ def test_the_asyncio_twin_behaves_alike(server):
             await r.aclose()
 
     asyncio.run(main())
+
+
+def test_a_forgotten_lock_keeps_its_key_until_its_timeout_as_redis_py_does(rb):
+    """Callers use a timed lock as "at most once per N seconds": the object goes, the key
+    stays until the timeout."""
+    assert get_lock(rb, "once", timeout=60).acquire(blocking=False)  # the object is dropped
+    import gc
+
+    gc.collect()
+    assert 50_000 < rb.pttl("once") <= 60_000
+    assert get_lock(rb, "once", timeout=60).acquire(blocking=False) is False
+
+    lock = get_lock(rb, "per-thread", timeout=60)  # thread_local: the holding is the thread's
+    t = threading.Thread(target=lambda: lock.acquire(blocking=False))
+    t.start()
+    t.join()
+    gc.collect()
+    assert rb.exists("per-thread") == 1
+    assert lock.acquire(blocking=False) is False
+
+
+def test_an_extend_to_nothing_is_a_lock_error(rb):
+    lock = get_lock(rb, "foo", timeout=10)
+    assert lock.acquire(blocking=False)
+    with pytest.raises(LockError):
+        lock.extend(0.001, replace_ttl=True)
+    rb.set("foo", "thief")
+    with pytest.raises(LockNotOwnedError):
+        lock.extend(0)  # lost: not owned, whatever the time asked for
