@@ -742,6 +742,27 @@ int32_t lock_acquire_opts(lock_client_t client,
                           lock_t *out_lock);
 
 /**
+ * Takes over the lock `key` held under `token` (a token handed over by the process that
+ * acquired it, as `lock_token` gives it): `*out_lock` becomes an ordinary handle, checked
+ * on the server, with the lock's fencing token and the lease its key has left, renewed to
+ * `ttl_ms` unless `opts->renew` is false. `opts` as in `lock_acquire_opts` (NULL for the
+ * defaults; `reentrant` and `min_replicas` are refused). The first holder keeps its
+ * handle: both may extend and release, and whichever releases first ends the lock for
+ * both (the other learns it as any loss). Blocking: one round trip.
+ *
+ * Results: `LOCK_OK`; `LOCK_NOT_HELD` when the key does not hold `token`;
+ * `LOCK_ERR_ARGUMENT` (NULL, bad key, empty or over-long token, ttl under 10 ms, a
+ * reentrant lock, a Redlock client); `LOCK_ERR_HANDLE`; `LOCK_ERR_CONNECTION`;
+ * `LOCK_ERR_REDIS`.
+ */
+int32_t lock_adopt(lock_client_t client,
+                   const char *key,
+                   const char *token,
+                   uint64_t ttl_ms,
+                   const struct lock_acquire_options_t *opts,
+                   lock_t *out_lock);
+
+/**
  * Acquires one permit of the counting semaphore `name`, which lets at most `permits`
  * holders in at once, for `ttl_ms`, renewed while held (unless `opts` says otherwise).
  * Blocking.

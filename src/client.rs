@@ -8,7 +8,7 @@ use crate::backend::node::NodeFactory;
 use crate::core::acquire::Bounds;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
-use crate::lock::LockBuilder;
+use crate::lock::{LockBuilder, LockGuard};
 use crate::options::ClientOptions;
 use crate::protocol::LockServer;
 use crate::protocol::quorum::Quorum;
@@ -151,6 +151,13 @@ impl Client {
     /// [`RwLock::write`] start describing a hold, acquired with the same verbs as a lock.
     pub fn rwlock<'a>(&'a self, name: &'a str) -> RwLock<'a> {
         RwLock { client: self, name }
+    }
+
+    /// Takes over the lock `name` held under `token` (handed over by another process):
+    /// `self.lock(name).adopt(token)`, renewed with the default ttl. See
+    /// [`LockBuilder::adopt`].
+    pub fn adopt(&self, name: &str, token: &str) -> Result<LockGuard> {
+        self.lock(name).adopt(token)
     }
 
     /// Whether anyone holds the lock `name` right now (one `EXISTS`). Blocking: bounded by

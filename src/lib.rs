@@ -85,7 +85,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use inspect::{HeldAs, LockInfo, ServerCheck};
 pub use keys::{MAX_KEY_LEN, RESERVED_PREFIX, key_slot};
 pub use lease::loss::LostCallback;
-pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard};
+pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard, MAX_TOKEN_LEN};
 pub use options::ClientOptions;
 pub use stats::{RenewalStats, Stats, renewal_stats, stats};
 

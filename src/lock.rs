@@ -7,10 +7,12 @@ use crossbeam_channel::Receiver;
 
 use crate::acquire::Acquire;
 use crate::backend::call::Replicas;
+use crate::backend::exec::Exec;
 use crate::cancel::{CancelToken, InterruptHook, Watch};
 use crate::core::acquire::Acquired;
 use crate::core::backoff::Wait;
 use crate::core::lease::{self as lease_clock, LeaseClock, LostReason, NotReleased, ttl_millis};
+use crate::core::reply::Adopted;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
@@ -175,6 +177,79 @@ impl<'a> LockBuilder<'a> {
         self.acquire_with(Wait::Forever)
     }
 
+    /// Takes over the lock `name` held under `token` (another process's, handed over: a
+    /// scheduler that took the lock and started the worker that does the job): an
+    /// ordinary guard, checked on the server, with the lock's fencing token and the lease
+    /// the key has left, renewed to this builder's ttl unless `renew(false)`. The first
+    /// holder keeps its guard too: both may extend and release, and whichever releases
+    /// first ends the lock for both (the other learns it as any loss). One round trip.
+    ///
+    /// Errors: [`ErrorKind::NotHeld`] when the key does not hold `token`;
+    /// [`ErrorKind::InvalidArgument`] for an empty or over-long token, a kind other than a
+    /// plain mutex (a reentrant lock's holds belong to their owner), or a Redlock client;
+    /// connection, timeout and server errors.
+    pub fn adopt(self, token: &str) -> Result<LockGuard> {
+        let shared = self.shared;
+        let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
+        let keys = LockKeys::new(&shared.options.key_prefix, self.name)?;
+        if token.is_empty() || token.len() > MAX_TOKEN_LEN || token.contains('\0') {
+            return Err(Error::invalid(format!(
+                "a token to adopt is 1 to {MAX_TOKEN_LEN} bytes without NUL, got {} bytes",
+                token.len()
+            )));
+        }
+        if self.kind != Kind::Mutex || self.misuse.is_some() || self.replicas.is_some() {
+            return Err(Error::invalid(
+                "only a plain mutex can be adopted (not a reentrant lock, a semaphore, a \
+                 read-write lock, nor with min_replicas)",
+            ));
+        }
+        if !shared.server.capabilities().inspection {
+            return Err(Error::invalid(
+                "adopting a lock is not available on a Redlock client",
+            ));
+        }
+        let bounds = shared.server.bounds();
+        let call = crate::protocol::calls::adopt(&keys, token);
+        let sent_at = Instant::now();
+        let exec = Exec::new(Lane::Caller(sent_at + bounds.pool_wait), bounds.io);
+        let replies = shared.server.run(&keys.lock, &[call], &exec)?;
+        let value = replies
+            .values
+            .into_iter()
+            .next()
+            .unwrap_or(redis::Value::Nil);
+        let (lease, fencing_token) = match crate::protocol::calls::read_adopt(value)? {
+            Adopted::Held {
+                pttl,
+                fencing_token,
+            } => (pttl.unwrap_or(ttl), fencing_token),
+            Adopted::NotHeld => {
+                return Err(Error::new(
+                    ErrorKind::NotHeld,
+                    format!("lock {:?} is not held under that token", keys.lock),
+                ));
+            }
+            Adopted::Reentrant => {
+                return Err(Error::invalid(format!(
+                    "lock {:?} is a reentrant lock: its holds belong to their owner",
+                    keys.lock
+                )));
+            }
+        };
+        let lease = Lease::new(
+            shared.server.clone(),
+            keys,
+            token.to_owned(),
+            fencing_token,
+            Kind::Mutex,
+            None,
+            LeaseClock::new(ttl, lease, sent_at),
+            self.on_lost.map(|callback| (token.to_owned(), callback)),
+        );
+        LockGuard::start(lease, self.renew, token.to_owned(), None)
+    }
+
     pub(crate) fn acquire_with(self, wait: Wait) -> Result<LockGuard> {
         let shared = self.shared;
         let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
@@ -278,6 +353,10 @@ impl<'a> LockBuilder<'a> {
 
 /// The longest owner of a reentrant lock accepted, in bytes.
 pub const MAX_OWNER_LEN: usize = 256;
+
+/// The longest token [`LockBuilder::adopt`] takes, in bytes (redlease's tokens are under
+/// 128).
+pub const MAX_TOKEN_LEN: usize = 1024;
 
 /// A held lock. Dropping it releases the lock (best effort; errors are logged).
 ///

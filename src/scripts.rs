@@ -329,6 +329,29 @@ return 1
     ))
 });
 
+/// Adopt: whether a mutex's key holds `token` now, with the lease it has left and the last
+/// fencing token drawn for it (the holder's: no later acquisition can have drawn one while
+/// the key held the token). Reads only.
+///
+/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] a reentrant lock's holds
+/// - ARGV[1] token
+/// - Returns `{1, pttl_ms, fence or false}` when the key holds the token, `{0}` when it does
+///   not, `{2}` when it is a reentrant lock's (whose holds belong to their owner).
+pub(crate) static ADOPT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return {0}
+end
+if redis.call('HGET', KEYS[3], 't') == ARGV[1] then
+  return {2}
+end
+return {1, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+"
+        .to_owned(),
+    )
+});
+
 /// Extend (renew): set a new ttl only while the lock holds our token.
 ///
 /// - KEYS[1] lock key, and for a reentrant lock KEYS[2] its holds (extended alike). A

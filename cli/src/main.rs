@@ -1,6 +1,7 @@
 //! `redlease`: a distributed flock(1) over Redis, for cron jobs and operators.
 
 mod duration;
+mod handover;
 mod inspect;
 mod run;
 mod signals;
@@ -45,7 +46,8 @@ pub mod exit {
 const EXIT_CODES: &str = "\
 Exit status:
   0        success (run: the command's own status is passed through)
-  1        release --force: nothing deleted (the lock was free or changed hands)
+  1        release --force: nothing deleted (the lock was free or changed hands);
+           extend, release --token: the lock is not held under that token
   64       usage: bad arguments, no URL (give --url or REDIS_URL), malformed URL or lock name
   69       Redis unreachable, timed out or answered with an error;
            check: also when the eviction policy can delete lock keys
@@ -90,6 +92,15 @@ Exit status:
   69  Redis unreachable, timed out or answered with an error
   70  internal error (a bug)
   74  standard output could not be written (a closed pipe)";
+
+/// The exit statuses of `extend` and `release --token`.
+const HANDOVER_EXIT_CODES: &str = "\
+Exit status:
+  0   done
+  1   the lock is not held under that token (it expired, or was released or taken)
+  64  usage: bad arguments, no URL, malformed URL or lock name
+  69  Redis unreachable, timed out or answered with an error
+  70  internal error (a bug)";
 
 /// The exit statuses of `check`.
 const CHECK_EXIT_CODES: &str = "\
@@ -149,6 +160,7 @@ enum Cmd {
     Status(StatusArgs),
     List(ListArgs),
     Release(ReleaseArgs),
+    Extend(ExtendArgs),
     Check(CheckArgs),
 }
 
@@ -156,7 +168,9 @@ enum Cmd {
 /// when it exits, exit with its status.
 ///
 /// The lock's fencing token is in the command's environment (REDLEASE_FENCING_TOKEN): hand it
-/// to the storage the job writes, so that a stale holder's writes can be rejected.
+/// to the storage the job writes, so that a stale holder's writes can be rejected. Its token
+/// is in REDLEASE_TOKEN: with it the job (or a process it hands it to) can `redlease extend`
+/// or `redlease release --token` the lock, or adopt it through the library.
 ///
 /// By default redlease does not wait (like `flock -n`): a cron job whose previous run, on
 /// this host or another, still holds the lock is skipped with status 75, rather than queued
@@ -310,11 +324,38 @@ struct ReleaseArgs {
     /// Lock name.
     name: String,
     /// Really delete the lock.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "token")]
     force: bool,
+    /// Release the lock held under this token (a job started by `redlease run` has it in
+    /// REDLEASE_TOKEN): no --force needed. Exits 1 when the lock is not held under it.
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
     /// Print JSON: {key, released, holder, owner, fencing_token}.
     #[arg(long)]
     json: bool,
+}
+
+/// Extend the lock held under a token: the lock of a job started by `redlease run` (its
+/// token is in REDLEASE_TOKEN), or a lock handed over by any redlease holder.
+///
+/// Sets the lease to --ttl from now while the key still holds the token; renews nothing
+/// afterwards (a holder that renews, as `redlease run` does, sets its own ttl again at its
+/// next renewal).
+#[derive(Args)]
+#[command(after_help = format!("\
+Examples:
+  redlease extend nightly-report --token \"$REDLEASE_TOKEN\" --ttl 10m
+
+{HANDOVER_EXIT_CODES}"))]
+struct ExtendArgs {
+    /// Lock name.
+    name: String,
+    /// The token the lock is held under.
+    #[arg(long, value_name = "TOKEN")]
+    token: String,
+    /// The new lease, from now.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration::parse)]
+    ttl: Duration,
 }
 
 /// Check a server for use with locks: version, eviction policy, persistence, latency.
@@ -424,12 +465,15 @@ fn main_inner(cli: Cli) -> i32 {
         }
         Cmd::List(args) => connect(conn)
             .and_then(|c| inspect::list(&c, &args.pattern, args.limit.max(1), args.json)),
-        Cmd::Release(args) => {
-            if !args.force {
-                inspect::release_refused(&args.name)
-            } else {
-                connect(conn).and_then(|c| inspect::release(&c, &args.name, args.json))
+        Cmd::Release(args) => match (&args.token, args.force) {
+            (Some(token), _) => {
+                connect(conn).and_then(|c| handover::release(&c, &args.name, token))
             }
+            (None, false) => inspect::release_refused(&args.name),
+            (None, true) => connect(conn).and_then(|c| inspect::release(&c, &args.name, args.json)),
+        },
+        Cmd::Extend(args) => {
+            connect(conn).and_then(|c| handover::extend(&c, &args.name, &args.token, args.ttl))
         }
         Cmd::Check(args) => connect(conn).and_then(|c| inspect::check(&c, args.json)),
     };

@@ -184,7 +184,8 @@ fn spawn(
 ) -> std::io::Result<Child> {
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..])
-        .env(fence_env, guard.fencing_token().to_string());
+        .env(fence_env, guard.fencing_token().to_string())
+        .env("REDLEASE_TOKEN", guard.token());
     let parent = std::process::id() as libc::pid_t;
     let mask = signals.original_mask;
     // SAFETY: the closure runs in the child between fork and exec and calls only

@@ -864,7 +864,7 @@ fn usage_errors_are_one_line_and_help_documents_exit_codes() {
     ] {
         assert!(out.stdout.contains(needle), "run --help lacks {needle}");
     }
-    for sub in ["status", "list", "release", "check"] {
+    for sub in ["status", "list", "release", "check", "extend"] {
         let out = exec(&[sub, "--help"]);
         assert_eq!(out.code, Some(0));
         assert!(out.stdout.contains("Examples"), "{sub} --help");
@@ -879,6 +879,7 @@ fn usage_errors_are_one_line_and_help_documents_exit_codes() {
         ("list", &["0", "64", "69", "70", "74"][..]),
         ("release", &["0", "1", "64", "69", "70", "74"][..]),
         ("check", &["0", "64", "69", "70", "74"][..]),
+        ("extend", &["0", "1", "64", "69", "70"][..]),
     ] {
         let out = exec(&[sub, "--help"]);
         let statuses = out
@@ -1213,4 +1214,58 @@ fn the_readme_exit_table_is_the_one_help_prints() {
         in_readme, in_help,
         "README:\n{section}\n--help:\n{statuses}"
     );
+}
+
+#[test]
+fn a_job_extends_and_releases_its_lock_with_the_token_it_was_given() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    // The command extends its own lock through the token, then records the lease.
+    let script = format!(
+        "{BIN} extend --url {url} own --token \"$REDLEASE_TOKEN\" --ttl 100s && echo extended >> '{0}'; \
+         {BIN} status --url {url} own --json >> '{0}'",
+        log.display()
+    );
+    let out = exec(&[
+        "run", "--url", &url, "--ttl", "20s", "own", "--", "sh", "-c", &script,
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.starts_with("extended\n"), "{text}");
+    let status: Value = serde_json::from_str(&text["extended\n".len()..]).unwrap();
+    let ttl_ms = status[0]["ttl_ms"].as_u64().unwrap();
+    assert!(ttl_ms > 90_000, "the extend set 100 s: {ttl_ms}");
+
+    // The command releases its lock: the run finds it lost, as any loss.
+    let script = format!("{BIN} release --url {url} gone --token \"$REDLEASE_TOKEN\"; sleep 3");
+    let out = Running::spawn(cmd(&[
+        "run", "--url", &url, "--ttl", "1s", "gone", "--", "sh", "-c", &script,
+    ]))
+    .finish(Duration::from_secs(20));
+    assert_eq!(out.code, Some(76), "{out:?}");
+    assert!(!exists(&server, "gone"));
+
+    // A token that does not hold it: exit 1; nothing changes.
+    let holder = Holder::start(&url, "kept", &[]);
+    for args in [
+        &["release", "--url", &url, "kept", "--token", "not-the-token"][..],
+        &["extend", "--url", &url, "kept", "--token", "not-the-token"],
+    ] {
+        let out = exec(args);
+        assert_eq!(out.code, Some(1), "{args:?}: {out:?}");
+        assert!(
+            out.one_line().contains("not held under that token"),
+            "{out:?}"
+        );
+    }
+    assert!(exists(&server, "kept"));
+    assert_eq!(holder.finish().code, Some(0));
+    for args in [
+        &["extend", "kept"][..],
+        &["release", "kept", "--token", "t", "--force"],
+    ] {
+        assert_eq!(exec(args).code, Some(64), "{args:?}");
+    }
 }

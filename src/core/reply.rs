@@ -79,6 +79,21 @@ pub(crate) enum ExtendReply {
     NotHeld,
 }
 
+/// What an adopt's check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Adopted {
+    /// The key holds the token: its lease left (`None`: no expiry) and the last fencing
+    /// token drawn for it.
+    Held {
+        pttl: Option<std::time::Duration>,
+        fencing_token: u64,
+    },
+    /// The key does not hold the token.
+    NotHeld,
+    /// The token is a reentrant lock's.
+    Reentrant,
+}
+
 /// What a token-checked release (or a waiter's withdrawal) found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseReply {

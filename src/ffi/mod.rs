@@ -530,6 +530,42 @@ pub unsafe extern "C" fn lock_acquire_opts(
         wait_ms,
         opts,
         out_lock,
+        adopt: None,
+    };
+    // SAFETY: the pointers are NULL or valid as this function's contract says, which is
+    // the one `AcquireArgs::run` needs.
+    boundary(|| unsafe { hold.run("key", |client, key| Ok(client.lock(key))) })
+}
+
+/// Takes over the lock `key` held under `token` (a token handed over by the process that
+/// acquired it, as `lock_token` gives it): `*out_lock` becomes an ordinary handle, checked
+/// on the server, with the lock's fencing token and the lease its key has left, renewed to
+/// `ttl_ms` unless `opts->renew` is false. `opts` as in `lock_acquire_opts` (NULL for the
+/// defaults; `reentrant` and `min_replicas` are refused). The first holder keeps its
+/// handle: both may extend and release, and whichever releases first ends the lock for
+/// both (the other learns it as any loss). Blocking: one round trip.
+///
+/// Results: `LOCK_OK`; `LOCK_NOT_HELD` when the key does not hold `token`;
+/// `LOCK_ERR_ARGUMENT` (NULL, bad key, empty or over-long token, ttl under 10 ms, a
+/// reentrant lock, a Redlock client); `LOCK_ERR_HANDLE`; `LOCK_ERR_CONNECTION`;
+/// `LOCK_ERR_REDIS`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lock_adopt(
+    client: lock_client_t,
+    key: *const c_char,
+    token: *const c_char,
+    ttl_ms: u64,
+    opts: *const lock_acquire_options_t,
+    out_lock: *mut lock_t,
+) -> i32 {
+    let hold = AcquireArgs {
+        client,
+        name: key,
+        ttl_ms,
+        wait_ms: 0,
+        opts,
+        out_lock,
+        adopt: Some(token),
     };
     // SAFETY: the pointers are NULL or valid as this function's contract says, which is
     // the one `AcquireArgs::run` needs.
@@ -576,6 +612,7 @@ pub unsafe extern "C" fn lock_semaphore_acquire(
         wait_ms,
         opts,
         out_lock,
+        adopt: None,
     };
     // SAFETY: as in lock_acquire_opts: this function's contract is that one.
     boundary(|| unsafe { hold.run("name", |client, name| Ok(client.semaphore(name, permits))) })
@@ -615,6 +652,7 @@ pub unsafe extern "C" fn lock_rwlock_acquire(
         wait_ms,
         opts,
         out_lock,
+        adopt: None,
     };
     // SAFETY: as in lock_acquire_opts: this function's contract is that one.
     boundary(|| unsafe {
@@ -636,6 +674,9 @@ struct AcquireArgs {
     wait_ms: u64,
     opts: *const lock_acquire_options_t,
     out_lock: *mut lock_t,
+    /// Adopt the lock held under this token (`lock_adopt`; the pointer may be NULL, which
+    /// is refused) instead of acquiring.
+    adopt: Option<*const c_char>,
 }
 
 impl AcquireArgs {
@@ -680,6 +721,12 @@ impl AcquireArgs {
         let name = unsafe { str_arg(self.name, what) }?;
         // SAFETY: `out_lock` is NULL or writable (this function's contract).
         let out = unsafe { Out::new(self.out_lock, "out_lock") }?;
+        let adopt = match self.adopt {
+            None => None,
+            // SAFETY: NULL or NUL-terminated and outliving this call (lock_adopt's
+            // contract).
+            Some(token) => Some(unsafe { str_arg(token, "token") }?),
+        };
         let cancel = match opts.cancel {
             0 => None,
             handle => Some(
@@ -728,10 +775,11 @@ impl AcquireArgs {
                 // during this call.
                 builder = builder.on_interrupt(move || unsafe { hook(user_data.get()) } != 0);
             }
-            let guard = match wait_ms {
-                0 => builder.try_acquire(),
-                u64::MAX => builder.acquire(),
-                ms => builder.acquire_timeout(millis(ms)),
+            let guard = match (adopt, wait_ms) {
+                (Some(token), _) => builder.adopt(token),
+                (None, 0) => builder.try_acquire(),
+                (None, u64::MAX) => builder.acquire(),
+                (None, ms) => builder.acquire_timeout(millis(ms)),
             }?;
             Ok(LockEntry {
                 client: client_handle,

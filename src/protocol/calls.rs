@@ -182,3 +182,52 @@ fn answer<T>(
         unacknowledged,
     })
 }
+
+/// The check of an adopt: whether `keys`' lock holds `token` ([`crate::scripts::ADOPT`]).
+pub(crate) fn adopt(keys: &crate::keys::LockKeys, token: &str) -> Call {
+    Call::script(
+        &crate::scripts::ADOPT,
+        &[&keys.lock, &keys.fence, &keys.holds],
+        &[&token],
+    )
+}
+
+/// Reads the reply of [`adopt`].
+///
+/// Errors: the server's error, or a reply of another shape.
+pub(crate) fn read_adopt(value: Value) -> Result<reply::Adopted> {
+    let shape = || {
+        Error::new(
+            crate::error::ErrorKind::Server,
+            "unexpected reply to an adopt",
+        )
+    };
+    let items = match value {
+        Value::Array(items) => items,
+        Value::ServerError(e) => return Err(Error::server(&e)),
+        _ => return Err(shape()),
+    };
+    let int = |v: Option<&Value>| match v {
+        Some(Value::Int(n)) => Some(*n),
+        _ => None,
+    };
+    match int(items.first()) {
+        Some(0) => Ok(reply::Adopted::NotHeld),
+        Some(2) => Ok(reply::Adopted::Reentrant),
+        Some(1) => {
+            let pttl = int(items.get(1)).ok_or_else(shape)?;
+            let fencing_token = match items.get(2) {
+                Some(Value::BulkString(b)) => std::str::from_utf8(b)
+                    .ok()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0),
+                _ => 0,
+            };
+            Ok(reply::Adopted::Held {
+                pttl: (pttl > 0).then(|| Duration::from_millis(pttl as u64)),
+                fencing_token,
+            })
+        }
+        _ => Err(shape()),
+    }
+}

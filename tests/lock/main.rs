@@ -3,7 +3,8 @@
 //! proxy), one module per behaviour: look for what proves X in the module named for X. One
 //! test binary, linked once; run one behaviour with `cargo test --test lock -- waiting::`.
 //!
-//! - `acquire`: taking a lock; what an attempt reports is true.
+//! - `acquire`: taking a lock; what an attempt reports is true. `adopt`: taking over a
+//!   lock held under a token handed over; abandoning one.
 //! - `waiting`: blocking waits, wake-ups, the handoff to waiters in order, grants nobody
 //!   takes.
 //! - `release`: releasing only one's own lock; what a release reports is true.
@@ -31,6 +32,7 @@
 mod support;
 
 mod acquire;
+mod adopt;
 mod batching;
 mod bounds;
 mod cancel;

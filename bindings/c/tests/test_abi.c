@@ -750,6 +750,39 @@ static void test_an_abandoned_lock_keeps_its_key_until_its_lease_ends(void) {
     CHECK_STATUS(lock_client_close(client), LOCK_OK);
 }
 
+static void test_a_lock_handed_over_is_adopted_by_its_token(void) {
+    lock_client_t scheduler = open_client(), worker = open_client();
+    lock_t held = 0, adopted = 0, nothing = 0;
+    char token[LOCK_TOKEN_MAX], adopted_token[LOCK_TOKEN_MAX];
+    uint64_t fence = 0, adopted_fence = 0, left = 0;
+    bool is_held = false;
+
+    CHECK_STATUS(lock_acquire(scheduler, "c:handed", 10000, 0, &held), LOCK_OK);
+    CHECK_STATUS(lock_token(held, token, sizeof token), LOCK_OK);
+    CHECK_STATUS(lock_fencing_token(held, &fence), LOCK_OK);
+    CHECK_STATUS(lock_adopt(worker, "c:handed", token, 10000, NULL, &adopted), LOCK_OK);
+    CHECK_STATUS(lock_token(adopted, adopted_token, sizeof adopted_token), LOCK_OK);
+    CHECK(strcmp(token, adopted_token) == 0);
+    CHECK_STATUS(lock_fencing_token(adopted, &adopted_fence), LOCK_OK);
+    CHECK(adopted_fence == fence);
+    CHECK_STATUS(lock_remaining_ms(adopted, &left), LOCK_OK);
+    CHECK(left > 5000 && left <= 10000);
+    CHECK_STATUS(lock_extend(adopted, 20000), LOCK_OK);
+    CHECK_STATUS(lock_release(adopted), LOCK_OK); /* ends it for both */
+    CHECK_STATUS(lock_extend(held, 10000), LOCK_NOT_HELD);
+    CHECK_STATUS(lock_is_held(held, &is_held), LOCK_OK);
+    CHECK(!is_held);
+    CHECK_STATUS(lock_release(held), LOCK_NOT_HELD);
+
+    CHECK_STATUS(lock_adopt(worker, "c:handed", token, 10000, NULL, &nothing), LOCK_NOT_HELD);
+    CHECK_STATUS(lock_adopt(worker, "c:handed", NULL, 10000, NULL, &nothing), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_adopt(worker, "c:handed", "", 10000, NULL, &nothing), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_adopt(worker, "c:handed", token, 10000, NULL, NULL), LOCK_ERR_ARGUMENT);
+    CHECK(nothing == 0);
+    CHECK_STATUS(lock_client_close(scheduler), LOCK_OK);
+    CHECK_STATUS(lock_client_close(worker), LOCK_OK);
+}
+
 /* A TCP port on 127.0.0.1 that nobody listens on (bound, read, closed). */
 static int unused_port(void) {
     struct sockaddr_in addr;
@@ -826,6 +859,7 @@ int main(void) {
     test_new_statuses_ttl_floor_and_reserved_names();
     test_user_data_is_given_back_once_the_library_is_done_with_it();
     test_an_abandoned_lock_keeps_its_key_until_its_lease_ends();
+    test_a_lock_handed_over_is_adopted_by_its_token();
     test_last_error_info_tells_a_timeout_from_a_refused_connection();
 
     return harness_report();

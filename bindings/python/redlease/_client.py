@@ -240,6 +240,24 @@ class Client:
             owner=owner,
         ).acquire()
 
+    def adopt(
+        self,
+        key: Key,
+        token: str,
+        ttl: float = 30.0,
+        *,
+        renew: bool = True,
+        on_lost: Optional[LostHandler] = None,
+    ) -> "Lock":
+        """Takes over the lock ``key`` held under ``token`` (handed over by the process that
+        acquired it, e.g. in ``REDLEASE_TOKEN``): a held :class:`Lock`, checked on the
+        server, with the lock's fencing token and the lease its key has left, renewed to
+        ``ttl`` unless ``renew`` is false. The first holder keeps its own: whichever
+        releases first ends the lock for both (the other learns it as a loss). One round
+        trip. Raises :class:`LockNotHeldError` when the key does not hold ``token``,
+        :class:`InvalidArgumentError` for a reentrant lock's token or on a Redlock client."""
+        return Lock(self, key, ttl, 0, renew=renew, on_lost=on_lost)._take_over(token)
+
     def lock_async(
         self,
         key: Key,

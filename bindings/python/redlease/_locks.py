@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from ctypes import byref, c_bool, c_uint64
-from typing import Callable, Dict, List, Optional, Protocol, Tuple, Type, Union
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, Type, Union
 
 from . import _args, _kinds, _native, _registry
 from ._args import Key
@@ -250,6 +250,19 @@ class Lock:
         self._with_may_take_over = True
         return True
 
+    def _take_over(self, token: str) -> "Lock":
+        """Adopts the lock held under ``token`` (``lock_adopt``); see :meth:`Client.adopt`."""
+        if not isinstance(token, str):
+            raise InvalidArgumentError(f"token must be a str, not {type(token).__name__}")
+        token_bytes = _args.utf8(token, "token")
+
+        def adopt(client: int, key: bytes, ttl_ms: int, _wait: int, opts: Any, out: Any) -> int:
+            return int(lib.lock_adopt(client, key, token_bytes, ttl_ms, opts, out))
+
+        self._acquire(None, threading.get_ident(), 0, adopt)
+        self._with_may_take_over = True
+        return self
+
     def locked(self) -> bool:
         """Whether anyone holds the name right now (this object or any other owner; for a
         semaphore, any permit; for a read-write lock, the writer or a reader), as the
@@ -262,10 +275,15 @@ class Lock:
         return self.held
 
     def _acquire(
-        self, cancel: Optional[CancelToken], owner: object, wait_ms: Optional[int] = None
+        self,
+        cancel: Optional[CancelToken],
+        owner: object,
+        wait_ms: Optional[int] = None,
+        take: Optional[_kinds.Take] = None,
     ) -> "Lock":
         """Acquires for ``owner`` (a thread id, or an asyncio task) with ``cancel``, waiting
-        ``wait_ms`` (the object's wait when None).
+        ``wait_ms`` (the object's wait when None), through ``take`` (the kind's C call when
+        None; ``lock_adopt`` for :meth:`Client.adopt`).
 
         An exception at any point, also an asynchronous one (what a signal handler raised)
         right after the C call returned, leaves nothing held: a handle written by the
@@ -289,7 +307,7 @@ class Lock:
                 if catcher is not None and catcher.install():
                     opts.on_interrupt = catcher.callback
                 if catcher is None or catcher.exception is None:
-                    status = self._kind.take(
+                    status = (take or self._kind.take)(
                         self._client.handle, self._key, self._ttl_ms, wait_ms, byref(opts), byref(out)
                     )
             finally:

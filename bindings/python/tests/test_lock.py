@@ -458,3 +458,30 @@ def test_the_interpreter_exits_cleanly_while_held_locks_are_being_lost(server, c
         proc = subprocess.run([sys.executable, "-c", script], env=child_env, capture_output=True,
                               text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
+
+
+def test_a_lock_handed_to_another_process_is_adopted_by_its_token(server, child_env):
+    """The scheduler takes the lock and hands its token to a worker process, which adopts
+    it, extends it and releases it; the scheduler then finds it lost."""
+    with redlease.Client(server.url) as scheduler:
+        held = scheduler.acquire("handed", ttl=10, wait=0)
+        worker = (
+            "import redlease, sys\n"
+            f"c = redlease.Client('{server.url}')\n"
+            "lk = c.adopt('handed', sys.argv[1], ttl=5)\n"
+            "print(lk.fencing_token, lk.token == sys.argv[1], 4 < lk.remaining <= 10)\n"
+            "lk.extend(20)\n"
+            "print(lk.release())\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", worker, held.token], env=child_env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == [str(held.fencing_token), "True", "True", "True"]
+        with pytest.raises(redlease.LockNotHeldError):
+            held.extend(10)
+        assert held.lost.is_set()
+        with pytest.raises(redlease.LockNotHeldError):
+            scheduler.adopt("handed", held.token)
+        with pytest.raises(redlease.InvalidArgumentError):
+            scheduler.adopt("handed", "")
+        assert held.release() is False
