@@ -1053,6 +1053,30 @@ int32_t lock_stats_since(const struct lock_stats_t *now,
                          struct lock_stats_t *out,
                          size_t size);
 
+/**
+ * Acquires the locks `names[0..count]` all or none: taken one by one in one global order
+ * (their keys'), so that callers wanting overlapping sets never deadlock, each for
+ * `ttl_ms`, renewed while held unless `opts->renew` is false; when one cannot be taken
+ * (busy when the wait ends, cancelled, an error) those already taken are given back and
+ * nothing is held. `wait_ms` is for the whole: 0 tries each once, `UINT64_MAX` waits as
+ * long as it takes. On `LOCK_OK`, `out_locks[i]` is an ordinary handle for `names[i]`
+ * (release each, or all with `lock_release`; each has its own fencing token and lease).
+ * `opts->on_lost` is called once, with the handle of the first name lost: the whole set
+ * is lost then; its `user_data` is given back once every handle is done with it.
+ * `opts->reentrant`, `owner` and `min_replicas` are refused.
+ *
+ * Results as `lock_acquire_opts` (for the first name that could not be taken), and
+ * `LOCK_ERR_ARGUMENT` for `count` 0 or over 1024, a NULL, bad or repeated name: nothing is
+ * sent then.
+ */
+int32_t lock_acquire_all(lock_client_t client_handle,
+                         const char *const *names,
+                         size_t count,
+                         uint64_t ttl_ms,
+                         uint64_t wait_ms,
+                         const struct lock_acquire_options_t *opts,
+                         lock_t *out_locks);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

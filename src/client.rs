@@ -9,6 +9,7 @@ use crate::core::acquire::Bounds;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{LockBuilder, LockGuard};
+use crate::multi::MultiLockBuilder;
 use crate::options::ClientOptions;
 use crate::protocol::LockServer;
 use crate::protocol::quorum::Quorum;
@@ -151,6 +152,24 @@ impl Client {
     /// [`RwLock::write`] start describing a hold, acquired with the same verbs as a lock.
     pub fn rwlock<'a>(&'a self, name: &'a str) -> RwLock<'a> {
         RwLock { client: self, name }
+    }
+
+    /// Starts describing one lock over several names: all of them or none, without
+    /// deadlock (they are taken in one global order, and a failure gives back what was
+    /// taken), with the verbs and options of [`lock`](Self::lock), renewal, one lost signal
+    /// (any name lost is the whole lock lost) and a fencing token per name. See
+    /// [`MultiLockBuilder`].
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let both = client.lock_all(&["account:17", "account:42"]).acquire_timeout(std::time::Duration::from_secs(5))?;
+    /// // move the money, passing each account its fencing token
+    /// both.release()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lock_all<'a>(&'a self, names: &[&str]) -> MultiLockBuilder<'a> {
+        MultiLockBuilder::new(self, names)
     }
 
     /// Takes over the lock `name` held under `token` (handed over by another process):

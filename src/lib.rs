@@ -53,6 +53,7 @@ mod kinds;
 mod lane;
 mod lease;
 mod lock;
+mod multi;
 mod options;
 mod pool;
 mod process;
@@ -86,6 +87,7 @@ pub use inspect::{HeldAs, LockInfo, ServerCheck};
 pub use keys::{MAX_KEY_LEN, RESERVED_PREFIX, key_slot};
 pub use lease::loss::LostCallback;
 pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard, MAX_TOKEN_LEN};
+pub use multi::{MAX_NAMES, MultiGuard, MultiLockBuilder};
 pub use options::ClientOptions;
 pub use stats::{RenewalStats, Stats, renewal_stats, stats};
 

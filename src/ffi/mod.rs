@@ -11,6 +11,7 @@ mod args;
 pub(crate) mod handles;
 mod inspect;
 mod logging;
+mod multi;
 mod status;
 
 use std::ffi::{c_char, c_void};
@@ -27,6 +28,7 @@ pub use self::inspect::{
 pub use self::logging::{
     LOCK_LOG_DEBUG, LOCK_LOG_ERROR, LOCK_LOG_INFO, LOCK_LOG_TRACE, LOCK_LOG_WARN, lock_log_cb,
 };
+pub use self::multi::lock_acquire_all;
 use self::status::{Failure, boundary};
 pub use self::status::{
     LOCK_BUSY, LOCK_CANCELLED, LOCK_CAUSE_CONNECTION, LOCK_CAUSE_NONE, LOCK_CAUSE_TIMEOUT,

@@ -117,7 +117,8 @@ fn the_header_compiles_as_c99_and_as_cpp() {
 ///   headers (the ABI can grow);
 /// - test_signals.c: signals never end a call, cancel handles, `lock_cancel_all` from a
 ///   SIGTERM handler, the `on_interrupt` callback;
-/// - test_kinds.c: semaphores and read-write locks, whose holds are ordinary lock handles;
+/// - test_kinds.c: semaphores, read-write locks and locks over several names, whose holds
+///   are ordinary lock handles;
 /// - test_inspect.c: the operators' views (inspect, list, break, check, renewal figures),
 ///   whose results the caller frees.
 const C_TESTS: &[&str] = &[

@@ -20,7 +20,8 @@
 //! - `keys`: lock names, their keys and companion keys; `urls`: URLs, credentials, TLS, ACL
 //!   users; `input`: bad arguments refused before anything is sent; `inspect`: the
 //!   operators' view.
-//! - `kinds`: reentrant locks, semaphores, read-write locks.
+//! - `kinds`: reentrant locks, semaphores, read-write locks; `multi`: one lock over several
+//!   names.
 //! - `deployments`: Cluster, Sentinel, replica acknowledgement, Redlock.
 //! - `errors`: what a failure says, and that it says the same for the same cause.
 //! - `stats`: the process-wide figures.
@@ -47,6 +48,7 @@ mod keys;
 mod kinds;
 mod loss;
 mod memory;
+mod multi;
 mod proxy_selftest;
 mod release;
 mod renewal;

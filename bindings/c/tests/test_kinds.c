@@ -1,7 +1,8 @@
 /*
  * Tests of the other kinds of lock through the C ABI, against a real redis-server (started
  * by tests/abi/c_programs.rs): reentrant locks (lock_acquire_options_t.reentrant), counting
- * semaphores (lock_semaphore_acquire) and read-write locks (lock_rwlock_acquire). Their
+ * semaphores (lock_semaphore_acquire), read-write locks (lock_rwlock_acquire) and locks over
+ * several names (lock_acquire_all). Their
  * holds are ordinary lock_t handles, so every lock_t function is checked on them too.
  *
  * Environment: REDIS_URL, REDIS_HOST, REDIS_PORT; REDLEASE_TEST_SLOW (timing bounds are
@@ -582,6 +583,63 @@ static void test_a_named_owner_holds_across_clients(void) {
     CHECK_STATUS(lock_client_close(b), LOCK_OK);
 }
 
+static int all_lost_calls;
+static lock_t all_lost_handle;
+static void on_all_lost(lock_t lock, int32_t reason, void *user_data) {
+    (void)reason;
+    (void)user_data;
+    all_lost_calls++;
+    all_lost_handle = lock;
+}
+
+static void test_a_lock_over_several_names_is_all_or_none(void) {
+    lock_client_t client = open_client();
+    const char *names[] = {"c:all:c", "c:all:a", "c:all:b"};
+    const char *twice[] = {"c:all:a", "c:all:a"};
+    lock_t locks[3] = {0, 0, 0}, single = 0;
+    lock_acquire_options_t opts;
+    char token[LOCK_TOKEN_MAX], stored[4096];
+    const char *get[] = {"GET", "c:all:c"};
+    const char *del[] = {"DEL", "c:all:b"};
+    uint64_t fence = 0;
+    bool locked = true;
+
+    /* A busy name: nothing held after. */
+    CHECK_STATUS(lock_acquire(client, "c:all:b", 10000, 0, &single), LOCK_OK);
+    CHECK_STATUS(lock_acquire_all(client, names, 3, 10000, 0, NULL, locks), LOCK_BUSY);
+    CHECK(locks[0] == 0 && locks[1] == 0 && locks[2] == 0);
+    CHECK_STATUS(lock_is_locked(client, "c:all:a", &locked), LOCK_OK);
+    CHECK(!locked);
+    CHECK_STATUS(lock_release(single), LOCK_OK);
+
+    /* All taken: one ordinary handle per name, in the caller's order. */
+    CHECK_STATUS(lock_acquire_options_init(&opts, sizeof opts), LOCK_OK);
+    opts.on_lost = on_all_lost;
+    CHECK_STATUS(lock_acquire_all(client, names, 3, 300, 0, &opts, locks), LOCK_OK);
+    CHECK(locks[0] != 0 && locks[1] != 0 && locks[2] != 0);
+    CHECK_STATUS(lock_token(locks[0], token, sizeof token), LOCK_OK);
+    CHECK(raw_command(stored, sizeof stored, 2, get) == 0 && strcmp(stored, token) == 0);
+    CHECK_STATUS(lock_fencing_token(locks[1], &fence), LOCK_OK);
+    CHECK(fence > 0);
+    /* One name lost: the callback is called once, with that name's handle. */
+    CHECK(raw_command(stored, sizeof stored, 2, del) == 0);
+    sleep_ms(700 * slack);
+    CHECK(all_lost_calls == 1 && all_lost_handle == locks[2]);
+    CHECK_STATUS(lock_release(locks[0]), LOCK_OK);
+    CHECK_STATUS(lock_release(locks[1]), LOCK_OK);
+    CHECK_STATUS(lock_release(locks[2]), LOCK_NOT_HELD);
+
+    /* Bad input: nothing sent, nothing written. */
+    CHECK_STATUS(lock_acquire_all(client, names, 0, 10000, 0, NULL, locks), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_acquire_all(client, twice, 2, 10000, 0, NULL, locks), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_acquire_all(client, NULL, 2, 10000, 0, NULL, locks), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_acquire_all(client, names, 3, 10000, 0, NULL, NULL), LOCK_ERR_ARGUMENT);
+    opts.on_lost = NULL;
+    opts.reentrant = true;
+    CHECK_STATUS(lock_acquire_all(client, names, 3, 10000, 0, &opts, locks), LOCK_ERR_ARGUMENT);
+    CHECK_STATUS(lock_client_close(client), LOCK_OK);
+}
+
 int main(void) {
     if (harness_init() != 0) return 2;
 
@@ -596,6 +654,7 @@ int main(void) {
     test_cancel_handles_end_blocked_waits_of_every_kind();
     test_a_reentrant_lock_is_its_owner_threads_only();
     test_a_named_owner_holds_across_clients();
+    test_a_lock_over_several_names_is_all_or_none();
 
     return harness_report();
 }

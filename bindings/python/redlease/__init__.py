@@ -47,6 +47,7 @@ folders (never the current directory's).
 #               of acquired handles, early loss reports, the cleanup when a client closes
 #   _locks      Lock, Semaphore, RwLock
 #   _async      AsyncLock, the asyncio face of a Lock
+#   _multi      MultiLock, one lock over several names
 #   _inspect    the operators' views: LockInfo, ServerCheck, RenewalStats
 #   _from_redis the redlease client for a redis-py client (Client.from_redis)
 #   _client     Client
@@ -71,6 +72,7 @@ from ._errors import (
 )
 from ._inspect import LockInfo, RenewalStats, ServerCheck, Stats, renewal_stats, stats
 from ._locks import Lock, RwLock, Semaphore
+from ._multi import MultiLock
 from ._logging import set_log_level
 from ._native import version
 from ._registry import LOST_REASONS
@@ -105,4 +107,5 @@ __all__ = [
     "renewal_stats",
     "Stats",
     "stats",
+    "MultiLock",
 ]

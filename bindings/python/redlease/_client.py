@@ -10,7 +10,7 @@ import os
 import threading
 import weakref
 from ctypes import byref, c_bool, c_char_p
-from typing import List, Optional, Sequence, Tuple, Type, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Type, Union
 
 from . import _args, _from_redis, _inspect, _native, _registry
 from ._args import Key
@@ -18,6 +18,7 @@ from ._async import AsyncLock, _off_loop
 from ._cancel import CancelToken
 from ._errors import InvalidArgumentError, InvalidHandleError
 from ._locks import Lock, LostHandler, RwLock, Semaphore
+from ._multi import MultiLock
 from ._native import lib
 
 
@@ -239,6 +240,22 @@ class Client:
             reentrant=reentrant,
             owner=owner,
         ).acquire()
+
+    def lock_all(
+        self,
+        keys: "Sequence[Key]",
+        ttl: float = 30.0,
+        wait: Optional[float] = None,
+        *,
+        renew: bool = True,
+        on_lost: "Optional[Callable[[MultiLock, str], None]]" = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> "MultiLock":
+        """One lock over several names, not yet acquired: all of them or none, without
+        deadlock (see :class:`MultiLock`): ``with client.lock_all(["acct:17", "acct:42"],
+        wait=5) as both: ...``. Does not block. Raises :class:`InvalidArgumentError` for a
+        bad argument."""
+        return MultiLock(self, keys, ttl, wait, renew=renew, on_lost=on_lost, cancel=cancel)
 
     def adopt(
         self,

@@ -266,6 +266,11 @@ _declare(
     c_int32,
     [lock_client_t, c_char_p, c_char_p, c_uint64, POINTER(AcquireOptions), POINTER(lock_t)],
 )
+_declare(
+    "lock_acquire_all",
+    c_int32,
+    [lock_client_t, POINTER(c_char_p), c_size_t, c_uint64, c_uint64, POINTER(AcquireOptions), POINTER(lock_t)],
+)
 _declare("lock_release", c_int32, [lock_t])
 _declare("lock_abandon", c_int32, [lock_t])
 _declare("lock_extend", c_int32, [lock_t, c_uint64])
