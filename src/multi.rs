@@ -25,6 +25,9 @@ use crate::sync::{Arc, Mutex};
 /// The most names one [`Client::lock_all`] takes.
 pub const MAX_NAMES: usize = 1024;
 
+/// Called with the name first lost and why.
+type MultiLostCallback = Arc<dyn Fn(&str, LostReason) + Send + Sync>;
+
 /// Describes a lock over several names; made by [`Client::lock_all`].
 #[must_use = "a MultiLockBuilder does nothing until one of its acquire methods is called"]
 pub struct MultiLockBuilder<'a> {
@@ -33,7 +36,7 @@ pub struct MultiLockBuilder<'a> {
     ttl: Option<Duration>,
     renew: bool,
     cancel: Option<CancelToken>,
-    on_lost: Option<Arc<dyn Fn(&str, LostReason) + Send + Sync>>,
+    on_lost: Option<MultiLostCallback>,
 }
 
 impl<'a> MultiLockBuilder<'a> {
