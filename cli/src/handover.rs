@@ -37,18 +37,7 @@ pub fn extend(client: &Client, name: &str, token: &str, ttl: Duration) -> Outcom
     let extended = guard.extend(ttl);
     // The holder goes on holding: this process lets go without releasing.
     guard.abandon();
-    match extended {
-        Ok(()) => Ok(exit::OK),
-        Err(e) if e.kind() == ErrorKind::NotHeld => {
-            warn(&format!("lock {name:?} is not held under that token"));
-            Ok(exit::NOTHING_DONE)
-        }
-        Err(e) => Err(Fail::from_error(
-            &e,
-            client,
-            &format!("extending lock {name:?}"),
-        )),
-    }
+    outcome(client, name, "extending", extended)
 }
 
 pub fn release(client: &Client, name: &str, token: &str) -> Outcome {
@@ -56,7 +45,12 @@ pub fn release(client: &Client, name: &str, token: &str) -> Outcome {
         Ok(guard) => guard,
         Err(outcome) => return outcome,
     };
-    match guard.release() {
+    outcome(client, name, "releasing", guard.release())
+}
+
+/// The exit status of an extend or a release under a token.
+fn outcome(client: &Client, name: &str, doing: &str, result: redlease::Result<()>) -> Outcome {
+    match result {
         Ok(()) => Ok(exit::OK),
         Err(e) if e.kind() == ErrorKind::NotHeld => {
             warn(&format!("lock {name:?} is not held under that token"));
@@ -65,7 +59,7 @@ pub fn release(client: &Client, name: &str, token: &str) -> Outcome {
         Err(e) => Err(Fail::from_error(
             &e,
             client,
-            &format!("releasing lock {name:?}"),
+            &format!("{doing} lock {name:?}"),
         )),
     }
 }

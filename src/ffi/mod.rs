@@ -168,6 +168,17 @@ static CLIENTS: HandleTable<Client> = HandleTable::new(Kind::Client);
 static LOCKS: HandleTable<LockEntry> = HandleTable::new(Kind::Lock);
 static CANCELS: HandleTable<CancelToken> = HandleTable::new(Kind::Cancel);
 
+/// The cancel token of `lock_acquire_options_t.cancel` (0: none).
+fn cancel_of(handle: lock_cancel_t) -> Result<Option<Arc<CancelToken>>, Failure> {
+    match handle {
+        0 => Ok(None),
+        handle => CANCELS
+            .get(handle)
+            .map(Some)
+            .ok_or_else(|| Failure::handle("cancel")),
+    }
+}
+
 fn client(handle: lock_client_t) -> Result<Arc<Client>, Failure> {
     CLIENTS.get(handle).ok_or_else(|| Failure::handle("client"))
 }
@@ -729,14 +740,7 @@ impl AcquireArgs {
             // contract).
             Some(token) => Some(unsafe { str_arg(token, "token") }?),
         };
-        let cancel = match opts.cancel {
-            0 => None,
-            handle => Some(
-                CANCELS
-                    .get(handle)
-                    .ok_or_else(|| Failure::handle("cancel"))?,
-            ),
-        };
+        let cancel = cancel_of(opts.cancel)?;
         // SAFETY: `opts->owner` is NULL or NUL-terminated and outlives this call (the
         // caller's contract, as documented on the field).
         let owner = unsafe { opt_str_arg(opts.owner, "owner") }?;

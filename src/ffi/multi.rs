@@ -8,9 +8,9 @@ use super::args::{read_sized, str_arg};
 use super::handles::{self, ChildError};
 use super::status::{Failure, boundary};
 use super::{
-    CANCELS, CLIENTS, LOCK_ERR_HANDLE, LOCK_LOST_NOT_HELD, LOCK_LOST_UNREACHABLE, LOCKS, LockEntry,
-    UserData, acquire_options_sizes, client, default_acquire_options, lock_acquire_options_t,
-    lock_client_t, lock_t, millis,
+    CLIENTS, LOCK_ERR_HANDLE, LOCK_LOST_NOT_HELD, LOCK_LOST_UNREACHABLE, LOCKS, LockEntry,
+    UserData, acquire_options_sizes, cancel_of, client, default_acquire_options,
+    lock_acquire_options_t, lock_client_t, lock_t, millis,
 };
 use crate::LostReason;
 
@@ -89,14 +89,7 @@ pub unsafe extern "C" fn lock_acquire_all(
             let name = unsafe { str_arg(*names.add(i), "a name") }?;
             list.push(name);
         }
-        let cancel = match opts.cancel {
-            0 => None,
-            handle => Some(
-                CANCELS
-                    .get(handle)
-                    .ok_or_else(|| Failure::handle("cancel"))?,
-            ),
-        };
+        let cancel = cancel_of(opts.cancel)?;
         let client = client(client_handle)?;
         let handles = Arc::new(Mutex::new(Handles::default()));
         let mut builder = client.lock_all(&list).ttl(millis(ttl_ms)).renew(opts.renew);

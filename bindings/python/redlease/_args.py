@@ -136,3 +136,14 @@ def min_replicas(value: object) -> Optional[Tuple[int, int]]:
     if count == 0:
         return None
     return count, duration_ms(timeout, "the min_replicas timeout")
+
+
+def hold_options(renew: object, on_lost: object, cancel: object, cancel_type: type) -> None:
+    """Checks the options every kind of hold takes: ``renew`` a bool, ``on_lost`` callable
+    or None, ``cancel`` a ``cancel_type`` (a CancelToken) or None."""
+    if not isinstance(renew, bool):
+        raise InvalidArgumentError("renew must be a bool")
+    if on_lost is not None and not callable(on_lost):
+        raise InvalidArgumentError("on_lost must be callable")
+    if cancel is not None and not isinstance(cancel, cancel_type):
+        raise InvalidArgumentError("cancel must be a redlease.CancelToken")

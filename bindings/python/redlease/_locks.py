@@ -159,12 +159,7 @@ class Lock:
         self._key = _args.key_bytes(key)
         self._ttl_ms = _args.duration_ms(ttl, "ttl")
         self._wait_ms = _args.wait_ms(wait)
-        if not isinstance(renew, bool):
-            raise InvalidArgumentError("renew must be a bool")
-        if on_lost is not None and not callable(on_lost):
-            raise InvalidArgumentError("on_lost must be callable")
-        if cancel is not None and not isinstance(cancel, CancelToken):
-            raise InvalidArgumentError("cancel must be a redlease.CancelToken")
+        _args.hold_options(renew, on_lost, cancel, CancelToken)
         self._renew = renew
         self._on_lost = on_lost
         self._cancel = cancel

@@ -52,12 +52,7 @@ class MultiLock:
         self._client = client
         self._ttl_ms = _args.duration_ms(ttl, "ttl")
         self._wait_ms = _args.wait_ms(wait)
-        if not isinstance(renew, bool):
-            raise InvalidArgumentError("renew must be a bool")
-        if on_lost is not None and not callable(on_lost):
-            raise InvalidArgumentError("on_lost must be callable")
-        if cancel is not None and not isinstance(cancel, CancelToken):
-            raise InvalidArgumentError("cancel must be a redlease.CancelToken")
+        _args.hold_options(renew, on_lost, cancel, CancelToken)
         self._renew, self._on_lost, self._cancel = renew, on_lost, cancel
         self._pid = os.getpid()
         self._fences: Dict[str, int] = {}
