@@ -169,7 +169,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn lock_all<'a>(&'a self, names: &[&str]) -> MultiLockBuilder<'a> {
-        MultiLockBuilder::new(self, names)
+        MultiLockBuilder::new(&self.inner, names)
     }
 
     /// Takes over the lock `name` held under `token` (handed over by another process):

@@ -77,6 +77,11 @@ if kind == 'zset' then
 end
 if kind == 'hash' then
   local writer, readers = false, 0
+  local size = redis.call('HLEN', KEYS[1])
+  if size > 100000 then
+    -- Not a read-write lock of ours (one field per reader): do not block the server on it.
+    return redis.error_reply('not a lock: ' .. KEYS[1] .. ' is a hash of ' .. size .. ' fields')
+  end
   local fields = redis.call('HGETALL', KEYS[1])
   for i = 1, #fields, 2 do
     local name, value = fields[i], fields[i + 1]
@@ -84,7 +89,7 @@ if kind == 'hash' then
     local expiry = tonumber(space and string.sub(value, 1, space - 1) or value)
     if expiry and expiry > now_ms then
       if name == 'w' then
-        writer = space and string.sub(value, space + 1)
+        writer = space and string.sub(value, space + 1) or false
       else
         readers = readers + 1
       end
@@ -92,6 +97,9 @@ if kind == 'hash' then
   end
   local held = writer or readers > 0
   return {writer, pttl, fence, waiters, false, 0, held and 'rwlock', readers}
+end
+if kind ~= 'string' and kind ~= 'none' then
+  return redis.error_reply('not a lock: ' .. KEYS[1] .. ' is a ' .. kind)
 end
 local holder = redis.call('GET', KEYS[1])
 local h = redis.call('HMGET', KEYS[4], 't', 'o')

@@ -236,6 +236,12 @@ impl<'a> LockBuilder<'a> {
                     keys.lock
                 )));
             }
+            Adopted::OtherKind => {
+                return Err(Error::invalid(format!(
+                    "{:?} is a semaphore or a read-write lock: only a mutex can be adopted",
+                    keys.lock
+                )));
+            }
         };
         let lease = Lease::new(
             shared.server.clone(),
@@ -354,9 +360,9 @@ impl<'a> LockBuilder<'a> {
 /// The longest owner of a reentrant lock accepted, in bytes.
 pub const MAX_OWNER_LEN: usize = 256;
 
-/// The longest token [`LockBuilder::adopt`] takes, in bytes (redlease's tokens are under
-/// 128).
-pub const MAX_TOKEN_LEN: usize = 1024;
+/// The longest token [`LockBuilder::adopt`] takes, in bytes: what the C ABI's
+/// `LOCK_TOKEN_MAX` buffer holds (redlease's own tokens are shorter).
+pub const MAX_TOKEN_LEN: usize = 127;
 
 /// A held lock. Dropping it releases the lock (best effort; errors are logged).
 ///
@@ -450,7 +456,10 @@ impl LockGuard {
         self.lease().subscribe()
     }
 
-    /// Sets the lease to `ttl` from now, if the key still holds this lock's token.
+    /// Sets the lease to `ttl` from now, if the key still holds this lock's token; on the
+    /// server the key's lease is never shortened (another holder of the token, such as a
+    /// process that adopted the lock, may count on the longer one), while this guard counts
+    /// on `ttl` only.
     /// Blocking: waits for a renewal in flight, then one round trip (connect and I/O
     /// timeouts), cut off at the current lease's local deadline. The renewal thread, if
     /// any, renews with the new ttl from then on (the next renewal a third of the way into

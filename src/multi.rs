@@ -1,4 +1,4 @@
-//! All or none: one lock over several names ([`Client::lock_all`]).
+//! All or none: one lock over several names ([`crate::Client::lock_all`]).
 //!
 //! The names are taken one by one, each with the ordinary protocol of a lock (its own
 //! token, lease, renewal and fencing token), in one global order: the order of their keys.
@@ -15,23 +15,23 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, bounded};
 
 use crate::cancel::CancelToken;
-use crate::client::Client;
 use crate::core::lease::LostReason;
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
-use crate::lock::LockGuard;
+use crate::lock::{LockBuilder, LockGuard};
+use crate::shared::Shared;
 use crate::sync::{Arc, Mutex};
 
-/// The most names one [`Client::lock_all`] takes.
+/// The most names one [`crate::Client::lock_all`] takes.
 pub const MAX_NAMES: usize = 1024;
 
 /// Called with the name first lost and why.
 type MultiLostCallback = Arc<dyn Fn(&str, LostReason) + Send + Sync>;
 
-/// Describes a lock over several names; made by [`Client::lock_all`].
+/// Describes a lock over several names; made by [`crate::Client::lock_all`].
 #[must_use = "a MultiLockBuilder does nothing until one of its acquire methods is called"]
 pub struct MultiLockBuilder<'a> {
-    client: &'a Client,
+    shared: &'a Shared,
     names: Vec<String>,
     ttl: Option<Duration>,
     renew: bool,
@@ -40,9 +40,9 @@ pub struct MultiLockBuilder<'a> {
 }
 
 impl<'a> MultiLockBuilder<'a> {
-    pub(crate) fn new(client: &'a Client, names: &[&str]) -> Self {
+    pub(crate) fn new(shared: &'a Shared, names: &[&str]) -> Self {
         MultiLockBuilder {
-            client,
+            shared,
             names: names.iter().map(|n| (*n).to_owned()).collect(),
             ttl: None,
             renew: true,
@@ -103,7 +103,7 @@ impl<'a> MultiLockBuilder<'a> {
         let hub = Arc::new(LossHub::default());
         let mut guards: Vec<(String, LockGuard)> = Vec::with_capacity(order.len());
         for name in order {
-            let mut builder = self.client.lock(&name).renew(self.renew);
+            let mut builder = LockBuilder::new(self.shared, &name).renew(self.renew);
             if let Some(ttl) = self.ttl {
                 builder = builder.ttl(ttl);
             }
@@ -144,7 +144,7 @@ impl<'a> MultiLockBuilder<'a> {
                 self.names.len()
             )));
         }
-        let prefix = &self.client.inner.options.key_prefix;
+        let prefix = &self.shared.options.key_prefix;
         let mut keyed = Vec::with_capacity(self.names.len());
         for name in &self.names {
             keyed.push((LockKeys::new(prefix, name)?.lock, name.clone()));

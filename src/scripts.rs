@@ -336,10 +336,15 @@ return 1
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] a reentrant lock's holds
 /// - ARGV[1] token
 /// - Returns `{1, pttl_ms, fence or false}` when the key holds the token, `{0}` when it does
-///   not, `{2}` when it is a reentrant lock's (whose holds belong to their owner).
+///   not, `{2}` when it is a reentrant lock's (whose holds belong to their owner), `{3}`
+///   when the name is a lock of another kind (a semaphore, a read-write lock).
 pub(crate) static ADOPT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'string' then
+  return {kind == 'none' and 0 or 3}
+end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {0}
 end
@@ -352,23 +357,23 @@ return {1, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
     )
 });
 
-/// Extend (renew): set a new ttl only while the lock holds our token.
+/// Extend (renew): a lease of at least the new ttl, only while the lock holds our token.
 ///
-/// - KEYS[1] lock key, and for a reentrant lock KEYS[2] its holds (extended alike). A
-///   reentrant lock's lease is never shortened: its holds may be another process's, which
-///   counts on the longest ttl any of them asked for.
+/// - KEYS[1] lock key, and for a reentrant lock KEYS[2] its holds (extended alike). The
+///   lease is never shortened: another holder of the same token (a reentrant lock's other
+///   holds, a process that adopted the lock) counts on the longest ttl any of them asked
+///   for, and learns of no other's extend.
 /// - ARGV[1] token, ARGV[2] new ttl in ms (never 0: `PEXPIRE key 0` deletes the key)
 /// - Returns 1 when extended, 0 when the key no longer held the token.
 pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local ttl = math.max(redis.call('PTTL', KEYS[1]), tonumber(ARGV[2]))
   if KEYS[2] then
-    local ttl = math.max(redis.call('PTTL', KEYS[1]), tonumber(ARGV[2]))
     redis.call('PEXPIRE', KEYS[2], ttl)
-    return redis.call('PEXPIRE', KEYS[1], ttl)
   end
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return redis.call('PEXPIRE', KEYS[1], ttl)
 end
 return 0
 "

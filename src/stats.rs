@@ -75,14 +75,14 @@ impl Durations {
     /// rounded up (to within 19 %) but never above the longest recorded. Zero when none
     /// were recorded.
     pub(crate) fn quantile(&self, q: f64) -> Duration {
-        let total: u64 = self.counts.iter().sum();
+        let total = self.counts.iter().fold(0u64, |a, n| a.saturating_add(*n));
         if total == 0 {
             return Duration::ZERO;
         }
         let wanted = ((total as f64) * q.clamp(0.0, 1.0)).ceil().max(1.0) as u64;
-        let mut seen = 0;
+        let mut seen = 0u64;
         for (i, n) in self.counts.iter().enumerate() {
-            seen += n;
+            seen = seen.saturating_add(*n);
             if seen >= wanted {
                 return Duration::from_micros(bucket_top(i)).min(self.max);
             }
@@ -320,7 +320,7 @@ pub(crate) fn from_parts(p: Parts) -> Stats {
         busy: p.busy,
         cancelled: p.cancelled,
         failed: p.failed,
-        waits: waited.counts.iter().sum(),
+        waits: waited.counts.iter().fold(0u64, |a, n| a.saturating_add(*n)),
         max_wait: p.max_wait,
         handoffs: p.handoffs,
         lost_not_held: p.lost_not_held,
@@ -348,7 +348,7 @@ pub fn stats() -> Stats {
         busy: BUSY.load(Ordering::Relaxed),
         cancelled: CANCELLED.load(Ordering::Relaxed),
         failed: FAILED_ACQUIRES.load(Ordering::Relaxed),
-        waits: waited.counts.iter().sum(),
+        waits: waited.counts.iter().fold(0u64, |a, n| a.saturating_add(*n)),
         max_wait: waited.max,
         handoffs: HANDOFFS.load(Ordering::Relaxed),
         lost_not_held: LOST_NOT_HELD.load(Ordering::Relaxed),

@@ -132,7 +132,8 @@ pub fn run(args: RunArgs, connect: impl FnOnce() -> Result<Client, Fail>) -> Out
         return Ok(128 + signo);
     }
 
-    let mut child = match spawn(&args.command, &args.fence_env, &guard, &signals) {
+    let mutex = args.permits.is_none() && !args.shared && !args.exclusive;
+    let mut child = match spawn(&args.command, &args.fence_env, &guard, mutex, &signals) {
         Ok(child) => child,
         Err(e) => {
             release(guard, name, args.verbose);
@@ -180,12 +181,19 @@ fn spawn(
     command: &[OsString],
     fence_env: &str,
     guard: &LockGuard,
+    mutex: bool,
     signals: &Signals,
 ) -> std::io::Result<Child> {
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..])
-        .env(fence_env, guard.fencing_token().to_string())
-        .env("REDLEASE_TOKEN", guard.token());
+        .env(fence_env, guard.fencing_token().to_string());
+    // Only a mutex can be adopted (extend/release --token): a permit's or a reader's token
+    // would be of no use to the command.
+    if mutex {
+        cmd.env("REDLEASE_TOKEN", guard.token());
+    } else {
+        cmd.env_remove("REDLEASE_TOKEN");
+    }
     let parent = std::process::id() as libc::pid_t;
     let mask = signals.original_mask;
     // SAFETY: the closure runs in the child between fork and exec and calls only

@@ -92,6 +92,8 @@ pub(crate) enum Adopted {
     NotHeld,
     /// The token is a reentrant lock's.
     Reentrant,
+    /// The name is a lock of another kind.
+    OtherKind,
 }
 
 /// What a token-checked release (or a waiter's withdrawal) found.

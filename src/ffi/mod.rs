@@ -943,6 +943,7 @@ pub unsafe extern "C" fn lock_fencing_token(lock: lock_t, out_token: *mut u64) -
 
 /// Room for any token with its terminating NUL.
 pub const LOCK_TOKEN_MAX: usize = 128;
+const _: () = assert!(crate::MAX_TOKEN_LEN + 1 == LOCK_TOKEN_MAX);
 
 /// Copies the lock's token (the value stored under the key), NUL-terminated, into `buf` of
 /// `buf_len` bytes. `LOCK_ERR_ARGUMENT` when `buf` is NULL or too small

@@ -214,8 +214,14 @@ pub(crate) fn read_adopt(value: Value) -> Result<reply::Adopted> {
     match int(items.first()) {
         Some(0) => Ok(reply::Adopted::NotHeld),
         Some(2) => Ok(reply::Adopted::Reentrant),
+        Some(3) => Ok(reply::Adopted::OtherKind),
         Some(1) => {
             let pttl = int(items.get(1)).ok_or_else(shape)?;
+            // 0: the key expires this very millisecond (time stands still in a script):
+            // as good as gone. -1: no expiry.
+            if pttl == 0 || pttl < -1 {
+                return Ok(reply::Adopted::NotHeld);
+            }
             let fencing_token = match items.get(2) {
                 Some(Value::BulkString(b)) => std::str::from_utf8(b)
                     .ok()
@@ -229,5 +235,50 @@ pub(crate) fn read_adopt(value: Value) -> Result<reply::Adopted> {
             })
         }
         _ => Err(shape()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::read_adopt;
+    use crate::core::reply::Adopted;
+
+    fn reply(items: Vec<Value>) -> Adopted {
+        read_adopt(Value::Array(items)).unwrap()
+    }
+
+    #[test]
+    fn an_adopt_believes_no_more_than_the_lease_the_key_has_left() {
+        let fence = Value::BulkString(b"42".to_vec());
+        assert_eq!(
+            reply(vec![Value::Int(1), Value::Int(1500), fence.clone()]),
+            Adopted::Held {
+                pttl: Some(std::time::Duration::from_millis(1500)),
+                fencing_token: 42
+            }
+        );
+        // Expiring this very millisecond (a script's frozen clock): as good as gone.
+        assert_eq!(
+            reply(vec![Value::Int(1), Value::Int(0), fence.clone()]),
+            Adopted::NotHeld
+        );
+        assert_eq!(
+            reply(vec![Value::Int(1), Value::Int(-2), fence.clone()]),
+            Adopted::NotHeld
+        );
+        // No expiry at all: the adopter's own ttl.
+        assert_eq!(
+            reply(vec![Value::Int(1), Value::Int(-1), fence]),
+            Adopted::Held {
+                pttl: None,
+                fencing_token: 42
+            }
+        );
+        assert_eq!(reply(vec![Value::Int(0)]), Adopted::NotHeld);
+        assert_eq!(reply(vec![Value::Int(2)]), Adopted::Reentrant);
+        assert_eq!(reply(vec![Value::Int(3)]), Adopted::OtherKind);
+        assert!(read_adopt(Value::Int(7)).is_err());
     }
 }

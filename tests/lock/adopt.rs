@@ -86,6 +86,11 @@ fn a_token_that_does_not_hold_the_lock_is_not_adopted() {
             .kind(),
         ErrorKind::InvalidArgument
     );
+    // A name held as another kind: refused clearly, not a server's WRONGTYPE.
+    let permit = client.semaphore("sem", 2).try_acquire().unwrap();
+    let err = client.adopt("sem", permit.token()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    permit.release().unwrap();
     held.release().unwrap();
     reentrant.release().unwrap();
 }

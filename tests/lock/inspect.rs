@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redlease::ErrorKind;
+use redlease::{Client, ErrorKind};
 
 use crate::support::{self, RedisServer, client, eventually};
 
@@ -41,4 +41,32 @@ fn operators_can_inspect_list_and_break_locks() {
     }
     assert_eq!(guard.release().unwrap_err().kind(), ErrorKind::NotHeld);
     other.release().unwrap();
+}
+
+/// A name whose key is not a lock (a list, a stream, a hash of other fields, a huge hash)
+/// is reported clearly, without blocking the server on a huge key.
+#[test]
+fn keys_that_are_not_locks_are_named_as_such() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    server.cmd::<i64>(&["RPUSH", "a-list", "x"]);
+    server.cmd::<String>(&["XADD", "a-stream", "*", "f", "v"]);
+    for name in ["a-list", "a-stream"] {
+        let err = client.inspect(name).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Server, "{name}: {err}");
+        assert!(err.to_string().contains("not a lock"), "{err}");
+    }
+    // A hash with a `w` field of another shape: no writer, no reader.
+    server.cmd::<i64>(&["HSET", "odd-hash", "w", "99999999999999"]);
+    let info = client.inspect("odd-hash").unwrap();
+    assert_eq!(info.held_as, None, "{info:?}");
+    // A huge hash is refused, not read.
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg("huge");
+    for i in 0..100_001 {
+        cmd.arg(i).arg(1);
+    }
+    let _: i64 = cmd.query(&mut server.conn()).unwrap();
+    let err = client.inspect("huge").unwrap_err();
+    assert!(err.to_string().contains("100001 fields"), "{err}");
 }

@@ -22,7 +22,8 @@ by the lock's name. Where redis-py's semantics are unsafe, it differs (see the R
 - ``acquire(token=...)`` is refused: redlease draws a fresh token for every acquisition,
   which is what keeps a late release from deleting a later holder's key;
 - ``extend(t)`` adds ``t`` to the lease this process knows of (a few ms under the server's
-  ``PTTL`` at most);
+  ``PTTL`` at most), and ``replace_ttl`` never shortens the key (the lock counts on the
+  shorter lease itself);
 - a lock forgotten while held (its object collected, or the thread that took it ended)
   keeps its key until its lease ends, as redis-py's does, but a ``timeout=None`` lock then
   expires within :data:`RENEWED_TTL` instead of never.
