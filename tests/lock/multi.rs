@@ -173,3 +173,45 @@ fn losing_any_name_loses_the_whole_lock_once() {
         "the other name is released too"
     );
 }
+
+/// On a cluster, names on different primaries: a stopped primary halfway (the second name's,
+/// in key order) ends the acquire with an error and leaves the first name free.
+#[test]
+fn a_stopped_cluster_node_halfway_leaves_nothing_held() {
+    use redlease::ClientOptions;
+
+    use crate::support::deploy::LocalCluster;
+
+    let cluster = LocalCluster::start(3, 0);
+    cluster.wait_until_ok(Duration::from_secs(30));
+    // Two names on two different primaries.
+    let first = "cl:a".to_owned();
+    let first_node = cluster
+        .primary_of(redlease::key_slot(first.as_bytes()))
+        .port;
+    let second = (0..1000)
+        .map(|i| format!("cl:b{i}"))
+        .find(|n| cluster.primary_of(redlease::key_slot(n.as_bytes())).port != first_node)
+        .expect("a name on another primary");
+    let stopped = cluster.primary_of(redlease::key_slot(second.as_bytes()));
+    let options = ClientOptions::default()
+        .io_timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300));
+    let client = Client::with_options(&cluster.url(), options).unwrap();
+    client.ping().unwrap();
+    stopped.pause();
+    let err = client.lock_all(&[&second, &first]).try_acquire();
+    stopped.resume();
+    let err = err.unwrap_err();
+    assert!(
+        err.is_unreachable() || err.kind() == ErrorKind::Timeout,
+        "{err:?}"
+    );
+    let plain = Client::open(&cluster.url()).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            !plain.is_locked(&first).unwrap_or(true) && !plain.is_locked(&second).unwrap_or(true)
+        }),
+        "both names are free again"
+    );
+}
