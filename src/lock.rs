@@ -180,9 +180,15 @@ impl<'a> LockBuilder<'a> {
     /// Takes over the lock `name` held under `token` (another process's, handed over: a
     /// scheduler that took the lock and started the worker that does the job): an
     /// ordinary guard, checked on the server, with the lock's fencing token and the lease
-    /// the key has left, renewed to this builder's ttl unless `renew(false)`. The first
-    /// holder keeps its guard too: both may extend and release, and whichever releases
-    /// first ends the lock for both (the other learns it as any loss). One round trip.
+    /// the key has left, renewed to this builder's ttl unless `renew(false)`. One round
+    /// trip.
+    ///
+    /// The hand-over contract: once it has handed the token over, the first holder no
+    /// longer relies on the lock and does not release it while this guard's holder works
+    /// (it lets it go with [`LockGuard::abandon`], or releases only once the work is
+    /// done). A release by either ends the lock for both, and the other learns it only at
+    /// its next renewal or extend: two holders relying on one token are not protected from
+    /// each other's successors.
     ///
     /// Errors: [`ErrorKind::NotHeld`] when the key does not hold `token`;
     /// [`ErrorKind::InvalidArgument`] for an empty or over-long token, a kind other than a

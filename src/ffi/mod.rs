@@ -554,9 +554,11 @@ pub unsafe extern "C" fn lock_acquire_opts(
 /// acquired it, as `lock_token` gives it): `*out_lock` becomes an ordinary handle, checked
 /// on the server, with the lock's fencing token and the lease its key has left, renewed to
 /// `ttl_ms` unless `opts->renew` is false. `opts` as in `lock_acquire_opts` (NULL for the
-/// defaults; `reentrant` and `min_replicas` are refused). The first holder keeps its
-/// handle: both may extend and release, and whichever releases first ends the lock for
-/// both (the other learns it as any loss). Blocking: one round trip.
+/// defaults; `reentrant` and `min_replicas` are refused). Blocking: one round trip. The
+/// hand-over contract: once it has handed the token over, the first holder no longer relies
+/// on the lock and does not release it while the adopter works (`lock_abandon`, or a
+/// release once the work is done); a release by either ends the lock for both, and the
+/// other learns it only at its next renewal or extend.
 ///
 /// Results: `LOCK_OK`; `LOCK_NOT_HELD` when the key does not hold `token`;
 /// `LOCK_ERR_ARGUMENT` (NULL, bad key, empty or over-long token, ttl under 10 ms, a

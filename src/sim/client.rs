@@ -79,7 +79,19 @@ pub(crate) enum Op {
     Extending(Holding, GateStage, (Instant, u64)),
     /// Releasing (since the instant, by its clock).
     Releasing(Holding, GateStage, Instant),
+    /// Adopting a mutex another thread holds, under its token.
+    Adopting(Box<Adopting>),
     Done,
+}
+
+/// An adopt in flight: the check of a mutex held under `token`, sent at `sent_at`.
+pub(crate) struct Adopting {
+    pub name: usize,
+    pub token: String,
+    pub ttl: Duration,
+    pub renew: bool,
+    pub sent_at: Instant,
+    pub request: Request,
 }
 
 impl Op {
@@ -100,6 +112,7 @@ impl Op {
                     Pending::Sleep => "a pause".to_owned(),
                 }
             ),
+            Op::Adopting(a) => format!("adopting name {} under {}", a.name, a.token),
             Op::Holding(h) => format!("holding lease {}", h.lease),
             Op::Extending(h, _, _) => format!("extending lease {}", h.lease),
             Op::Releasing(h, stage, _) => format!(
@@ -262,6 +275,9 @@ pub(crate) struct SimLease {
     pub batch_failed: bool,
     /// Its clock was once seen saying it is no longer held (it must never say so again).
     pub seen_ended: bool,
+    /// Its token was handed to a thread that adopts the lock: from then on this lease is
+    /// not relied on, renewed nor released (the hand-over contract of `LockBuilder::adopt`).
+    pub handed_over: bool,
 }
 
 impl SimLease {

@@ -27,15 +27,15 @@ use crate::core::lease::{
     RenewalStep,
 };
 use crate::core::quorum::{self, AcquireVerdict};
-use crate::core::reply::{Answer, AttemptReply, ExtendReply, Mode, ReleaseReply};
+use crate::core::reply::{Adopted, Answer, AttemptReply, ExtendReply, Mode, ReleaseReply};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
 use crate::lease::batching::BATCH_MIN_TTL;
 use crate::protocol::{Hold, calls};
 use crate::sim::client::{
-    Acquiring, GateStage, Holding, LeaseId, Op, Pending, Queued, ReqId, Request, Round, RoundFor,
-    SimLease, TaskId,
+    Acquiring, Adopting, GateStage, Holding, LeaseId, Op, Pending, Queued, ReqId, Request, Round,
+    RoundFor, SimLease, TaskId,
 };
 use crate::sim::config::{Deployment, Micros, micros};
 use crate::sim::trace::short;
@@ -144,6 +144,14 @@ impl World {
             return;
         }
         *left -= 1;
+        if self.adopts && self.adopt_rng.u32(0..4) == 0 {
+            if let Some((holder, lease, name, token)) = self.adoptable() {
+                // The holder hands its token over: it stops relying on the lock, renewing
+                // it and releasing it (it lets it go as `LockGuard::abandon` does).
+                self.clients[holder].leases[lease].handed_over = true;
+                return self.start_adopt(client, task, name, token);
+            }
+        }
         let name = self.rng.usize(0..self.cfg.names.len());
         let kind = match &self.cfg.names[name].kind {
             // The owner is the client: its threads share their holds.
@@ -613,8 +621,152 @@ impl World {
                     }
                 }
             }
+            Op::Adopting(adopting) if Self::answers(&adopting.request, id) => {
+                self.adopt_answered(client, task, *adopting, answer)
+            }
             op => *self.op(client, task) = op,
         }
+    }
+
+    /// A mutex some thread of any client holds and is not extending or releasing (a
+    /// holder hands its token over while it just holds), as its client, lease, name and
+    /// token, picked at random.
+    fn adoptable(&mut self) -> Option<(usize, LeaseId, usize, String)> {
+        let mut found = Vec::new();
+        for c in 0..self.clients.len() {
+            let now = self.local(c);
+            for t in 0..self.clients[c].tasks.len() {
+                let Op::Holding(holding) = &self.clients[c].tasks[t].op else {
+                    continue;
+                };
+                let lease = &self.clients[c].leases[holding.lease];
+                if lease.kind == Kind::Mutex
+                    && lease.replicas.is_none()
+                    && !lease.gate_closed
+                    && !lease.handed_over
+                    && lease.believed(now)
+                {
+                    found.push((c, holding.lease, lease.name, lease.token.clone()));
+                }
+            }
+        }
+        if found.is_empty() {
+            return None;
+        }
+        let pick = self.adopt_rng.usize(0..found.len());
+        Some(found.swap_remove(pick))
+    }
+
+    /// Sends the check of an adopt of `name` held under `token` (as a process handed the
+    /// token would: `LockBuilder::adopt`).
+    fn start_adopt(&mut self, client: usize, task: TaskId, name: usize, token: String) {
+        let ttl = Duration::from_millis(
+            *self
+                .adopt_rng
+                .choice(&[20u64, 100, 300, 1000, 3000])
+                .unwrap_or(&300),
+        );
+        let renew = self.adopt_rng.bool();
+        let keys = self.keys(name);
+        let call = calls::adopt(&keys, &token);
+        let sent_at = self.local(client);
+        self.trace.line(self.now, || {
+            format!(
+                "c{client}/t{task} adopts {:?} under {} for {ttl:?}, renew {renew}",
+                keys.lock,
+                short(&token)
+            )
+        });
+        let request = self.request(
+            client,
+            Purpose::Task(task),
+            RoundFor::Extend,
+            vec![args(&call)],
+            ttl,
+            None,
+            None,
+        );
+        *self.op(client, task) = Op::Adopting(Box::new(Adopting {
+            name,
+            token,
+            ttl,
+            renew,
+            sent_at,
+            request,
+        }));
+    }
+
+    /// An adopt's check answered: a lease of its own under the token, counted from the
+    /// send, when the key held it.
+    fn adopt_answered(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        adopting: Adopting,
+        answer: Answered,
+    ) {
+        self.check.ops += 1;
+        let adopted = answer.and_then(|(values, _)| {
+            calls::read_adopt(values.into_iter().next().unwrap_or(redis::Value::Nil))
+        });
+        let (pttl, fencing) = match adopted {
+            Ok(Adopted::Held {
+                pttl,
+                fencing_token,
+            }) => (pttl, fencing_token),
+            other => {
+                self.trace.line(self.now, || {
+                    format!(
+                        "c{client}/t{task} adopt of {} answered {other:?}",
+                        short(&adopting.token)
+                    )
+                });
+                return self.think(client, task);
+            }
+        };
+        let id = self.clients[client].leases.len();
+        let keys = self.keys(adopting.name);
+        self.clients[client].leases.push(SimLease {
+            name: adopting.name,
+            token: adopting.token.clone(),
+            kind: Kind::Mutex,
+            keys,
+            clock: LeaseClock::new(adopting.ttl, pttl.unwrap_or(adopting.ttl), adopting.sent_at),
+            fencing,
+            renew: adopting.renew,
+            holds: vec![adopting.token.clone()],
+            granted_at: self.now,
+            gate_busy: false,
+            gate_closed: false,
+            gate_waiters: Vec::new(),
+            renewal: None,
+            replicas: None,
+            queued: false,
+            batch_failed: false,
+            seen_ended: false,
+            handed_over: false,
+        });
+        if adopting.renew {
+            self.schedule_renewal(client, id);
+        }
+        self.trace.line(self.now, || {
+            format!(
+                "c{client}/t{task} adopted {} (lease {id}, fencing {fencing}, {pttl:?} left)",
+                short(&adopting.token)
+            )
+        });
+        let now = self.local(client);
+        let length = Duration::from_micros(self.rng.u64(0..=micros(adopting.ttl) * 3 / 2));
+        let extend = (self.rng.u32(0..4) == 0)
+            .then(|| Duration::from_millis(*self.rng.choice(&[20u64, 200, 1000]).unwrap_or(&200)));
+        let at = self.virtual_at(client, now + length);
+        *self.op(client, task) = Op::Holding(Holding {
+            lease: id,
+            hold: adopting.token,
+            extend,
+            checked: false,
+        });
+        self.at(at, WorldEvent::Wake { client, task });
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -799,6 +951,7 @@ impl World {
                     queued: false,
                     batch_failed: false,
                     seen_ended: false,
+                    handed_over: false,
                 });
                 if acq.spec.renew {
                     self.schedule_renewal(client, id);
@@ -879,6 +1032,11 @@ impl World {
     /// A critical section ends: perhaps an extend first, then the release.
     fn hold_ends(&mut self, client: usize, task: TaskId, mut holding: Holding) {
         let now = self.local(client);
+        if self.clients[client].leases[holding.lease].handed_over {
+            // Handed over: let go without releasing.
+            self.clients[client].leases[holding.lease].gate_closed = true;
+            return self.think(client, task);
+        }
         holding.checked = true;
         if holding.extend.is_some() {
             let pauses = self.clients[client].pauses;
@@ -1113,7 +1271,7 @@ impl World {
         let now = self.local(client);
         let batching = !self.redlock();
         let l = &mut self.clients[client].leases[lease];
-        if l.gate_closed || l.clock.lost().is_some() || l.renewal.is_some() {
+        if l.gate_closed || l.handed_over || l.clock.lost().is_some() || l.renewal.is_some() {
             return;
         }
         match l.clock.renewal_step(now) {

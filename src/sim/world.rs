@@ -143,6 +143,11 @@ pub(crate) struct World {
     /// own, so that runs without them go exactly as before they existed.
     evictions: bool,
     evict_rng: fastrand::Rng,
+    /// Threads adopt the mutexes other threads hold (`LockBuilder::adopt`) in this run (a
+    /// third of the runs, Redlock's aside); drawn from a stream of their own, as the
+    /// evictions are, so that runs without adopts go exactly as before they existed.
+    pub(crate) adopts: bool,
+    pub(crate) adopt_rng: fastrand::Rng,
     /// Events of paused clients, in the order they happened.
     deferred: Vec<Vec<Event>>,
     /// The instant virtual time 0 stands for.
@@ -212,8 +217,14 @@ impl World {
         let evictions = cfg.faults.any()
             && !matches!(cfg.deployment, Deployment::Redlock(_))
             && evict_rng.u32(0..4) == 0;
+        // The salt is one under which none of the seeds that found defects (the tests'
+        // FOUND) runs with adopts: they replay exactly as when they found them.
+        let mut adopt_rng = fastrand::Rng::with_seed(seed ^ 0x5eed_ad3b);
+        let adopts = !matches!(cfg.deployment, Deployment::Redlock(_)) && adopt_rng.u32(0..3) == 0;
         let mut trace = Trace::new(traced);
-        trace.line(0, || format!("seed {seed}: {cfg:?}, evictions {evictions}"));
+        trace.line(0, || {
+            format!("seed {seed}: {cfg:?}, evictions {evictions}, adopts {adopts}")
+        });
         World {
             check: Checker::new(&cfg),
             cfg,
@@ -228,6 +239,8 @@ impl World {
             known_scripts: BTreeSet::new(),
             evictions,
             evict_rng,
+            adopts,
+            adopt_rng,
             deferred,
             base: Instant::now(),
             trace,
@@ -814,7 +827,11 @@ impl World {
         let mut out = Vec::new();
         for client in &self.clients {
             let now = self.local(client.id);
-            for lease in client.leases.iter().filter(|l| l.believed(now)) {
+            for lease in client
+                .leases
+                .iter()
+                .filter(|l| l.believed(now) && !l.handed_over)
+            {
                 out.push(Belief {
                     name: lease.name,
                     owner: match &lease.kind {
@@ -937,6 +954,7 @@ fn evaluated(command: &[Vec<u8>]) -> Vec<Vec<u8>> {
         &*crate::scripts::ACQUIRE_RW,
         &*crate::scripts::EXTEND_RW,
         &*crate::scripts::RELEASE_RW,
+        &*crate::scripts::ADOPT,
     ];
     match command
         .get(1)

@@ -269,9 +269,10 @@ class Client:
         """Takes over the lock ``key`` held under ``token`` (handed over by the process that
         acquired it, e.g. in ``REDLEASE_TOKEN``): a held :class:`Lock`, checked on the
         server, with the lock's fencing token and the lease its key has left, renewed to
-        ``ttl`` unless ``renew`` is false. The first holder keeps its own: whichever
-        releases first ends the lock for both (the other learns it as a loss). One round
-        trip. Raises :class:`LockNotHeldError` when the key does not hold ``token``,
+        ``ttl`` unless ``renew`` is false. One round trip. The hand-over contract: once it
+        has handed the token over, the first holder no longer relies on the lock and does not
+        release it while the adopter works; a release by either ends the lock for both, and
+        the other learns it only at its next renewal or extend. Raises :class:`LockNotHeldError` when the key does not hold ``token``,
         :class:`InvalidArgumentError` for a reentrant lock's token or on a Redlock client."""
         return Lock(self, key, ttl, 0, renew=renew, on_lost=on_lost)._take_over(token)
 

@@ -73,6 +73,7 @@ const TABLE: &[Spec] = &[
     spec("exists", -2, "", Kind::Data(keys::exists)),
     spec("pexpire", -3, "w", Kind::Data(keys::pexpire)),
     spec("pttl", 2, "", Kind::Data(keys::pttl)),
+    spec("type", 2, "", Kind::Data(keys::type_of)),
     spec("time", 1, "", Kind::Data(time)),
     spec("ping", -1, "", Kind::Data(ping)),
     spec("rpush", -3, "wm", Kind::Data(lists::rpush)),

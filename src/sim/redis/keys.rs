@@ -1,8 +1,8 @@
-//! Commands on keys of any type: `DEL`, `EXISTS`, `PEXPIRE` (with `NX`, `XX`, `GT`, `LT`)
-//! and `PTTL`.
+//! Commands on keys of any type: `DEL`, `EXISTS`, `PEXPIRE` (with `NX`, `XX`, `GT`, `LT`),
+//! `PTTL` and `TYPE`.
 
 use super::args::{is, parse_int};
-use super::keyspace::Keyspace;
+use super::keyspace::{Data, Keyspace};
 use super::reply::{NOT_INTEGER, Reply};
 
 /// `DEL key [key ...]`: how many of the keys existed.
@@ -27,6 +27,18 @@ pub(crate) fn pttl(ks: &mut Keyspace, args: &[Vec<u8>]) -> Reply {
             Some(at) => Reply::Int((at - now).max(0)),
         },
     }
+}
+
+/// `TYPE key`: `string`, `list`, `zset`, `hash`, or `none`, as a status.
+pub(crate) fn type_of(ks: &mut Keyspace, args: &[Vec<u8>]) -> Reply {
+    let name = match ks.get(&args[1]).map(|entry| &entry.data) {
+        None => "none",
+        Some(Data::Str(_)) => "string",
+        Some(Data::List(_)) => "list",
+        Some(Data::ZSet(_)) => "zset",
+        Some(Data::Hash(_)) => "hash",
+    };
+    Reply::Status(name.to_owned())
 }
 
 /// `PEXPIRE key ms [NX|XX|GT|LT]`: 1 when the expiry was set (an expiry at or before now
@@ -86,6 +98,19 @@ pub(crate) fn pexpire(ks: &mut Keyspace, args: &[Vec<u8>]) -> Reply {
 mod tests {
     use super::*;
     use crate::sim::redis::commands::tests::run;
+
+    #[test]
+    fn type_names_each_kind_of_value() {
+        let mut ks = Keyspace::default();
+        assert_eq!(run(&mut ks, &["TYPE", "k"]), Reply::Status("none".into()));
+        run(&mut ks, &["SET", "k", "v"]);
+        run(&mut ks, &["RPUSH", "l", "v"]);
+        run(&mut ks, &["ZADD", "z", "1", "m"]);
+        run(&mut ks, &["HSET", "h", "f", "v"]);
+        for (key, kind) in [("k", "string"), ("l", "list"), ("z", "zset"), ("h", "hash")] {
+            assert_eq!(run(&mut ks, &["TYPE", key]), Reply::Status(kind.into()));
+        }
+    }
 
     #[test]
     fn pexpire_sets_deletes_and_honours_its_conditions() {
