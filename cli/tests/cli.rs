@@ -138,11 +138,12 @@ fn exec(args: &[&str]) -> Out {
     Running::spawn(cmd(args)).finish(Duration::from_secs(10))
 }
 
-/// A command for `run` that writes its pid to `ready`, then waits (at most ~10 s) for a
-/// file `go`; on SIGTERM it writes `term` and exits 9.
+/// A command for `run` that writes its pid to `ready` (whole: written aside, then renamed,
+/// so that a reader never sees the file empty), then waits (at most ~10 s) for a file `go`;
+/// on SIGTERM it writes `term` and exits 9.
 fn holder_script(dir: &Path) -> String {
     format!(
-        "cd '{}' && trap 'echo term > term; exit 9' TERM; echo $$ > ready; \
+        "cd '{}' && trap 'echo term > term; exit 9' TERM; echo $$ > ready.tmp; mv ready.tmp ready; \
          i=0; while [ ! -e go ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done",
         dir.display()
     )
