@@ -157,7 +157,8 @@ class MultiLock:
         try:
             for h in reversed(handles):
                 status = lib.lock_release(h)
-                _registry.forget(h)
+                with _REGISTRY:
+                    _registry.forget(h)
                 if status == LOCK_NOT_HELD:
                     ok = False
                 elif status != 0 and error is None:
