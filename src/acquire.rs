@@ -140,39 +140,55 @@ impl Acquire<'_> {
         }
     }
 
-    /// Withdraws `token` on a thread of its own, nothing past `cutoff` (when no thread can
-    /// be had, what it would have undone lapses after its lease).
+    /// Withdraws `token` on a thread of its own, nothing past `cutoff`.
     fn give_back_in_background(&self, token: String, cutoff: Instant) {
-        let server = self.server.clone();
-        let keys = self.keys.clone();
-        let kind = self.kind.clone();
-        let ttl = self.ttl;
-        let give_back = move || {
-            let hold = Hold {
-                kind: &kind,
-                keys: &keys,
-                token: &token,
-            };
-            let exec = Exec::new(Lane::Urgent, server.bounds().io).cutoff(Some(cutoff));
-            match server.release(hold, ttl, true, &exec) {
-                Ok(reply) if reply.was_held() => log::debug!(
-                    "withdrawing from {:?} in the background undid a grant never heard of",
-                    keys.lock
-                ),
-                Ok(_) => {}
-                Err(e) => log::warn!(
-                    "could not withdraw from lock {:?} ({e}); a grant this caller may hold \
-                     lapses after its lease",
-                    keys.lock
-                ),
-            }
+        give_back_in_background(
+            self.server.clone(),
+            self.keys.clone(),
+            self.kind.clone(),
+            self.ttl,
+            token,
+            cutoff,
+        );
+    }
+}
+
+/// Withdraws `token` from the lock `keys` (of `kind`, a lease of `ttl`) on a thread of its
+/// own, nothing past `cutoff` (when no thread can be had, what it would have undone lapses
+/// after its lease).
+pub(crate) fn give_back_in_background(
+    server: Arc<dyn LockServer>,
+    keys: LockKeys,
+    kind: Kind,
+    ttl: Duration,
+    token: String,
+    cutoff: Instant,
+) {
+    let give_back = move || {
+        let hold = Hold {
+            kind: &kind,
+            keys: &keys,
+            token: &token,
         };
-        let spawned = std::thread::Builder::new()
-            .name("redlease-giveback".into())
-            .stack_size(128 * 1024)
-            .spawn(give_back);
-        if let Err(e) = spawned {
-            log::debug!("no thread for a background withdrawal ({e}); it lapses after its lease");
+        let exec = Exec::new(Lane::Urgent, server.bounds().io).cutoff(Some(cutoff));
+        match server.release(hold, ttl, true, &exec) {
+            Ok(reply) if reply.was_held() => log::debug!(
+                "withdrawing from {:?} in the background undid a grant never heard of",
+                keys.lock
+            ),
+            Ok(_) => {}
+            Err(e) => log::warn!(
+                "could not withdraw from lock {:?} ({e}); a grant this caller may hold \
+                 lapses after its lease",
+                keys.lock
+            ),
         }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("redlease-giveback".into())
+        .stack_size(128 * 1024)
+        .spawn(give_back);
+    if let Err(e) = spawned {
+        log::debug!("no thread for a background withdrawal ({e}); it lapses after its lease");
     }
 }

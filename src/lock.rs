@@ -9,7 +9,7 @@ use crate::acquire::Acquire;
 use crate::backend::call::Replicas;
 use crate::backend::exec::Exec;
 use crate::cancel::{CancelToken, InterruptHook, Watch};
-use crate::core::acquire::Acquired;
+use crate::core::acquire::{Acquired, Granted};
 use crate::core::backoff::Wait;
 use crate::core::lease::{self as lease_clock, LeaseClock, LostReason, NotReleased, ttl_millis};
 use crate::core::reply::Adopted;
@@ -249,17 +249,12 @@ impl<'a> LockBuilder<'a> {
                 )));
             }
         };
-        let lease = Lease::new(
-            shared.server.clone(),
-            keys,
-            token.to_owned(),
+        let granted = Granted {
             fencing_token,
-            Kind::Mutex,
-            None,
-            LeaseClock::new(ttl, lease, sent_at),
-            self.on_lost.map(|callback| (token.to_owned(), callback)),
-        );
-        LockGuard::start(lease, self.renew, token.to_owned(), None)
+            lease,
+            sent_at,
+        };
+        LockGuard::taken(shared, keys, token.to_owned(), granted, ttl, self.renew, self.on_lost)
     }
 
     pub(crate) fn acquire_with(self, wait: Wait) -> Result<LockGuard> {
@@ -404,6 +399,31 @@ impl LockGuard {
             registry.insert(&held);
         }
         Ok(guard)
+    }
+
+    /// The guard of a plain mutex this process holds under `token` by other means than an
+    /// acquire of its own (an adopt, a group's script), with `granted`'s lease counted for
+    /// `ttl`, its renewal when `renew`, and `on_lost`.
+    pub(crate) fn taken(
+        shared: &Shared,
+        keys: LockKeys,
+        token: String,
+        granted: Granted,
+        ttl: Duration,
+        renew: bool,
+        on_lost: Option<LostCallback>,
+    ) -> Result<LockGuard> {
+        let lease = Lease::new(
+            shared.server.clone(),
+            keys,
+            token.clone(),
+            granted.fencing_token,
+            Kind::Mutex,
+            None,
+            LeaseClock::new(ttl, granted.lease, granted.sent_at),
+            on_lost.map(|callback| (token.clone(), callback)),
+        );
+        LockGuard::start(lease, renew, token, None)
     }
 
     fn with(held: Arc<Held>, hold: String) -> LockGuard {

@@ -1,26 +1,36 @@
 //! All or none: one lock over several names ([`crate::Client::lock_all`]).
 //!
-//! The names are taken one by one, each with the ordinary protocol of a lock (its own
-//! token, lease, renewal and fencing token), in one global order: the order of their keys.
-//! Two callers wanting overlapping sets therefore never wait for each other in a circle: the
-//! one that holds the first name they share goes first. When a name cannot be taken (busy
-//! after the wait, cancelled, an error), every name already taken is given back, so a
-//! failure holds nothing. A loss of any name is a loss of the whole lock.
-//!
-//! Names that hash to one Cluster slot are still taken one by one: an all-in-one script
-//! for them is not written yet.
+//! Every name becomes an ordinary lock of its own (its own token, lease, renewal and
+//! fencing token). The names are taken in one global order: by group, then by key. A group
+//! is what one script can take at once: every name on a single server (or Sentinel's
+//! primary), the names of one slot on a Cluster. A group's names are taken together, all
+//! or none, by one script ([`crate::scripts::ACQUIRE_ALL`]; the decisions are
+//! [`crate::core::group`]'s); names of different groups, and a Redlock client's names, one
+//! group after the other. A caller waits for a name only while it holds no name after it
+//! in the order, so two callers wanting overlapping sets never wait for each other in a
+//! circle. When a name cannot be taken (busy after the wait, cancelled, an error), every
+//! name already taken is given back, so a failure holds nothing. A loss of any name is a
+//! loss of the whole lock.
 
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 
-use crate::cancel::CancelToken;
-use crate::core::lease::LostReason;
+use crate::backend::exec::Exec;
+use crate::cancel::{CancelToken, Watch};
+use crate::core::backoff::Wait;
+use crate::core::group::{GroupAction, GroupEvent, GroupMachine, GroupSpec};
+use crate::core::lease::{LostReason, ttl_millis};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
+use crate::kinds::Kind;
+use crate::lane::Lane;
+use crate::lease::loss::LostCallback;
 use crate::lock::{LockBuilder, LockGuard};
+use crate::protocol::GroupRequest;
 use crate::shared::Shared;
 use crate::sync::{Arc, Mutex};
+use crate::{stats, token};
 
 /// The most names one [`crate::Client::lock_all`] takes.
 pub const MAX_NAMES: usize = 1024;
@@ -100,33 +110,31 @@ impl<'a> MultiLockBuilder<'a> {
 
     fn acquire_until(self, deadline: Option<Instant>, waits: bool) -> Result<MultiGuard> {
         let order = self.order()?;
+        let ttl = self.ttl.unwrap_or(crate::DEFAULT_TTL);
+        ttl_millis(ttl)?;
+        let wait = match (waits, deadline) {
+            (false, _) => Wait::No,
+            (true, None) => Wait::Forever,
+            (true, Some(deadline)) => Wait::Until(deadline),
+        };
         let hub = Arc::new(LossHub::default());
         let mut guards: Vec<(String, LockGuard)> = Vec::with_capacity(order.len());
-        for name in order {
-            let mut builder = LockBuilder::new(self.shared, &name).renew(self.renew);
-            if let Some(ttl) = self.ttl {
-                builder = builder.ttl(ttl);
-            }
-            if let Some(cancel) = &self.cancel {
-                builder = builder.cancel_token(cancel);
-            }
-            let (lost_name, hub2, callback) = (name.clone(), hub.clone(), self.on_lost.clone());
-            builder = builder.on_lost(move |reason| {
-                if hub2.lost(reason) {
-                    if let Some(callback) = &callback {
-                        callback(&lost_name, reason);
-                    }
-                }
-            });
-            let taken = match (waits, deadline) {
-                (false, _) => builder.try_acquire(),
-                (true, None) => builder.acquire(),
-                (true, Some(deadline)) => {
-                    builder.acquire_timeout(deadline.saturating_duration_since(Instant::now()))
-                }
+        let mut rest = &order[..];
+        while let Some(first) = rest.first() {
+            // The run of names of the first one's group (a name of no group goes alone).
+            let len = match first.group {
+                None => 1,
+                Some(g) => rest.iter().take_while(|n| n.group == Some(g)).count(),
+            };
+            let (group, after) = rest.split_at(len);
+            rest = after;
+            let taken = if let [one] = group {
+                take_one(self.single(one, &hub), wait).map(|g| vec![(one.name.clone(), g)])
+            } else {
+                self.take_group(group, ttl, wait, &hub)
             };
             match taken {
-                Ok(guard) => guards.push((name, guard)),
+                Ok(taken) => guards.extend(taken),
                 Err(e) => {
                     give_back(guards);
                     return Err(e);
@@ -136,8 +144,155 @@ impl<'a> MultiLockBuilder<'a> {
         Ok(MultiGuard { guards, hub })
     }
 
-    /// The names in the order they are taken (their keys'), checked.
-    fn order(&self) -> Result<Vec<String>> {
+    /// The ordinary lock of one of the names, its loss told to `hub`.
+    fn single<'b>(&'b self, name: &'b Named, hub: &Arc<LossHub>) -> LockBuilder<'b> {
+        let mut builder = LockBuilder::new(self.shared, &name.name).renew(self.renew);
+        if let Some(ttl) = self.ttl {
+            builder = builder.ttl(ttl);
+        }
+        if let Some(cancel) = &self.cancel {
+            builder = builder.cancel_token(cancel);
+        }
+        let on_lost = self.telling(&name.name, hub);
+        builder.on_lost(move |reason| on_lost(reason))
+    }
+
+    /// The callback that tells `hub`, and the caller's callback with `name` when first.
+    fn telling(&self, name: &str, hub: &Arc<LossHub>) -> LostCallback {
+        let (name, hub, callback) = (name.to_owned(), hub.clone(), self.on_lost.clone());
+        Arc::new(move |reason| {
+            if hub.lost(reason) {
+                if let Some(callback) = &callback {
+                    callback(&name, reason);
+                }
+            }
+        })
+    }
+
+    /// Takes the names of one group (one server, or one Cluster slot) all at once, in one
+    /// script per attempt, as [`GroupMachine`] decides.
+    fn take_group(
+        &self,
+        group: &[Named],
+        ttl: Duration,
+        wait: Wait,
+        hub: &Arc<LossHub>,
+    ) -> Result<Vec<(String, LockGuard)>> {
+        let shared = self.shared;
+        let server = &shared.server;
+        let bounds = server.bounds();
+        let watch = Watch::waiting(self.cancel.clone(), None);
+        let keys: Vec<LockKeys> = group.iter().map(|n| n.keys.clone()).collect();
+        let spec = GroupSpec {
+            keys: keys.iter().map(|k| k.lock.clone()).collect(),
+            wait,
+            io: bounds.io,
+        };
+        let label = shared.owner_label.clone();
+        let mut machine = GroupMachine::new(spec, Box::new(move || token::new_token(&label)));
+        let mut alone: Vec<Option<LockGuard>> = group.iter().map(|_| None).collect();
+        let started = Instant::now();
+        let mut event = GroupEvent::Start;
+        loop {
+            let cancelled = wait != Wait::No && watch.cancelled();
+            event = match machine.step(event, Instant::now(), cancelled) {
+                GroupAction::Attempt { tokens, held } => {
+                    let now = Instant::now();
+                    let exec = Exec::new(Lane::Caller(now + bounds.pool_wait), bounds.io);
+                    let exec = match wait {
+                        Wait::No => exec,
+                        Wait::Until(until) => exec.retry_until(Some(until)).watch(&watch),
+                        Wait::Forever => exec.watch(&watch),
+                    };
+                    let request = GroupRequest {
+                        keys: &keys,
+                        tokens: &tokens,
+                        held: &held,
+                        ttl,
+                        exec,
+                    };
+                    GroupEvent::Attempted(server.attempt_all(&request))
+                }
+                GroupAction::GiveBack { tokens, cutoff } => {
+                    for (i, token) in tokens {
+                        crate::acquire::give_back_in_background(
+                            server.clone(),
+                            keys[i].clone(),
+                            Kind::Mutex,
+                            ttl,
+                            token,
+                            cutoff,
+                        );
+                    }
+                    GroupEvent::GaveBack
+                }
+                GroupAction::Release(names) => {
+                    for i in names {
+                        if let Some(guard) = alone[i].take() {
+                            if let Err(e) = guard.release() {
+                                log::debug!("giving back {:?} taken alone: {e}", group[i].name);
+                            }
+                        }
+                    }
+                    GroupEvent::Released
+                }
+                GroupAction::WaitFor(i) => {
+                    let waited = take_one(self.single(&group[i], hub), wait);
+                    GroupEvent::Waited(
+                        i,
+                        waited.map(|guard| {
+                            let token = guard.token().to_owned();
+                            alone[i] = Some(guard);
+                            token
+                        }),
+                    )
+                }
+                GroupAction::Done(Err(e)) => {
+                    stats::acquire_ended::<()>(&Err(e.clone()), started.elapsed(), false);
+                    return Err(e);
+                }
+                GroupAction::Done(Ok(grants)) => {
+                    stats::acquire_ended::<()>(&Ok(()), started.elapsed(), false);
+                    for grant in grants {
+                        let named = &group[grant.index];
+                        let guard = LockGuard::taken(
+                            shared,
+                            named.keys.clone(),
+                            grant.token,
+                            grant.granted,
+                            ttl,
+                            self.renew,
+                            Some(self.telling(&named.name, hub)),
+                        );
+                        match guard {
+                            Ok(guard) => alone[grant.index] = Some(guard),
+                            Err(e) => {
+                                // (The guards drop and release what they hold.)
+                                return Err(e);
+                            }
+                        }
+                    }
+                    let mut taken = Vec::with_capacity(group.len());
+                    for (named, guard) in group.iter().zip(alone) {
+                        match guard {
+                            Some(guard) => taken.push((named.name.clone(), guard)),
+                            None => {
+                                return Err(Error::new(
+                                    ErrorKind::Server,
+                                    format!("no grant for {:?} in a group taken whole", named.name),
+                                ));
+                            }
+                        }
+                    }
+                    return Ok(taken);
+                }
+            };
+        }
+    }
+
+    /// The names in the order they are taken, checked: by group (see
+    /// [`crate::protocol::LockServer::group_of`]), then by key.
+    fn order(&self) -> Result<Vec<Named>> {
         if self.names.is_empty() || self.names.len() > MAX_NAMES {
             return Err(Error::invalid(format!(
                 "a lock over several names takes 1 to {MAX_NAMES} names, got {}",
@@ -145,18 +300,42 @@ impl<'a> MultiLockBuilder<'a> {
             )));
         }
         let prefix = &self.shared.options.key_prefix;
-        let mut keyed = Vec::with_capacity(self.names.len());
+        let mut named = Vec::with_capacity(self.names.len());
         for name in &self.names {
-            keyed.push((LockKeys::new(prefix, name)?.lock, name.clone()));
+            let keys = LockKeys::new(prefix, name)?;
+            let group = self.shared.server.group_of(&keys.lock);
+            named.push(Named {
+                name: name.clone(),
+                keys,
+                group,
+            });
         }
-        keyed.sort();
-        if let Some(pair) = keyed.windows(2).find(|w| w[0].0 == w[1].0) {
+        named.sort_by(|a, b| (a.group, &a.keys.lock).cmp(&(b.group, &b.keys.lock)));
+        if let Some(pair) = named.windows(2).find(|w| w[0].keys.lock == w[1].keys.lock) {
             return Err(Error::invalid(format!(
                 "the name {:?} is given twice",
-                pair[0].1
+                pair[0].name
             )));
         }
-        Ok(keyed.into_iter().map(|(_, name)| name).collect())
+        Ok(named)
+    }
+}
+
+/// One of the names, with its keys and group.
+struct Named {
+    name: String,
+    keys: LockKeys,
+    group: Option<u16>,
+}
+
+/// Takes one name with the ordinary acquire, waiting as `wait` says.
+fn take_one(builder: LockBuilder<'_>, wait: Wait) -> Result<LockGuard> {
+    match wait {
+        Wait::No => builder.try_acquire(),
+        Wait::Forever => builder.acquire(),
+        Wait::Until(deadline) => {
+            builder.acquire_timeout(deadline.saturating_duration_since(Instant::now()))
+        }
     }
 }
 

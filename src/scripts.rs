@@ -236,6 +236,71 @@ return {0, pttl}
     ))
 });
 
+/// Acquire all: several mutexes on one server (one Cluster slot), all or none, in one
+/// step. Each name is taken as a single attempt ([`ACQUIRE`] in mode 0) would take it; a
+/// name already held under its given token counts as taken.
+///
+/// - KEYS: per name, its lock and its fencing counter (`KEYS[2i-1]`, `KEYS[2i]`), in the
+///   caller's order.
+/// - ARGV[1] ttl ms, ARGV[2] the client's estimate of the server's clock in microseconds
+///   (as [`ACQUIRE`]'s ARGV[3]), ARGV[3] one character per name: `1` for a name the caller
+///   already holds (taken by an ordinary acquire while it waited) under its token, which is
+///   only checked, `0` for one to take; then ARGV[3+i] the token of name i.
+/// - Returns `{1, clock_us or 0, fence_1, lease_1, ..., fence_n, lease_n}` when every name
+///   is the caller's now (a held name's pair is `0, 0`: it keeps its own lease and fencing
+///   token); `{0, i, pttl_ms}` when name `i` (the first in the caller's order) is held by
+///   another token, or is a held name whose key no longer holds its token: nothing was
+///   written then; `{3, i}` when name `i` is a lock of another kind.
+pub(crate) static ACQUIRE_ALL: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{NOW}{}{}",
+        next_fence(),
+        r"
+local n = #KEYS / 2
+local ttl = tonumber(ARGV[1])
+local held = ARGV[3]
+local holders = {}
+for i = 1, n do
+  local got = redis.pcall('GET', KEYS[2 * i - 1])
+  if type(got) == 'table' and got.err then
+    return {3, i}
+  end
+  local token = ARGV[3 + i]
+  if got ~= token and (got or string.sub(held, i, i) == '1') then
+    return {0, i, redis.call('PTTL', KEYS[2 * i - 1])}
+  end
+  holders[i] = got
+end
+local out = {1, 0}
+local read = nil
+for i = 1, n do
+  if string.sub(held, i, i) == '1' then
+    out[2 * i + 1] = 0
+    out[2 * i + 2] = 0
+  else
+    local key, token = KEYS[2 * i - 1], ARGV[3 + i]
+    local lease = ttl
+    if holders[i] == token then
+      -- An attempt repeated: the lease is never shortened.
+      lease = math.max(redis.call('PTTL', key), ttl)
+      redis.call('PEXPIRE', key, lease)
+    else
+      redis.call('SET', key, token, 'PX', ttl)
+    end
+    local fence = 0
+    if ARGV[2] ~= '1' then
+      fence, read = next_fence(KEYS[2 * i], tonumber(ARGV[2]) or 0, read)
+    end
+    out[2 * i + 1] = fence
+    out[2 * i + 2] = lease
+  end
+end
+out[2] = read or 0
+return out
+"
+    ))
+});
+
 /// Release: only while the lock holds our token. Without a live registered waiter the key
 /// is deleted; with one, the lock is granted to the first waiter to take it (see the module
 /// documentation). Registrations that lapsed are pruned. A waiter that gives up runs it

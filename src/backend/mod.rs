@@ -160,6 +160,11 @@ impl Backend {
     }
 
     /// The URL with its password hidden.
+    /// Whether this is a Redis Cluster (a script's keys must share a slot).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.deployment, Deployment::Cluster(_))
+    }
+
     pub fn describe(&self) -> &str {
         &self.describe
     }

@@ -11,6 +11,7 @@
 //!
 //! - [`acquire`]: an acquire as a state machine (attempt, register, block, confirm a grant,
 //!   settle, give back, withdraw, back off, give up).
+//! - [`group`]: several mutexes of one server taken all or none, in one script.
 //! - [`lease`]: the clock of a held lock (deadline, cap, renewal schedule, loss).
 //! - [`quorum`]: Redlock's verdicts on a round of answers.
 //! - [`backoff`]: the caller's wait, the waiter's grace, backoff with jitter.
@@ -27,6 +28,7 @@
 
 pub(crate) mod acquire;
 pub(crate) mod backoff;
+pub(crate) mod group;
 pub(crate) mod lease;
 pub(crate) mod quorum;
 pub(crate) mod reply;

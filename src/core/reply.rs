@@ -70,6 +70,27 @@ pub(crate) enum AttemptReply {
     Busy { holder_pttl: Option<Duration> },
 }
 
+/// What an acquire of several names in one script found
+/// ([`crate::scripts::ACQUIRE_ALL`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GroupReply {
+    /// Every name is the caller's: per name, the fencing token and lease of a name this
+    /// attempt took (`None` for one the caller held already); `server_clock` as in
+    /// [`AttemptReply::Granted`].
+    Taken {
+        grants: Vec<Option<(u64, Duration)>>,
+        server_clock: Option<u64>,
+    },
+    /// Name `index` (the first in the caller's order) is another token's, or a name the
+    /// caller held is no longer its own; nothing was written.
+    Busy {
+        index: usize,
+        holder_pttl: Option<Duration>,
+    },
+    /// Name `index` is a lock of another kind; nothing was written.
+    OtherKind { index: usize },
+}
+
 /// What a token-checked extend found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ExtendReply {
@@ -191,6 +212,60 @@ pub(crate) fn attempt(reply: Option<Value>) -> Result<AttemptReply> {
             holder_pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
         }),
         _ => Err(unexpected("acquire", &reply)),
+    }
+}
+
+/// Reads the acquire-all script's reply for `held` (per name, whether it was held
+/// already): see [`crate::scripts::ACQUIRE_ALL`].
+///
+/// Errors: the server's error, or [`ErrorKind::Server`] for a reply of another shape (a
+/// name index out of range, a taken name without a lease).
+pub(crate) fn attempt_all(reply: Option<Value>, held: &[bool]) -> Result<GroupReply> {
+    let reply = value(reply)?;
+    let Value::Array(items) = &reply else {
+        return Err(unexpected("acquire-all", &reply));
+    };
+    let ints: Vec<Option<i64>> = items.iter().map(int).collect();
+    let index = |i: i64| {
+        usize::try_from(i)
+            .ok()
+            .filter(|i| (1..=held.len()).contains(i))
+            .map(|i| i - 1)
+            .ok_or_else(|| unexpected("acquire-all", &reply))
+    };
+    match ints[..] {
+        [Some(0), Some(i), Some(pttl)] => Ok(GroupReply::Busy {
+            index: index(i)?,
+            holder_pttl: u64::try_from(pttl)
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis),
+        }),
+        [Some(3), Some(i)] => Ok(GroupReply::OtherKind { index: index(i)? }),
+        [Some(1), Some(clock), ..] if ints.len() == 2 + 2 * held.len() => {
+            let mut grants = Vec::with_capacity(held.len());
+            for (i, was_held) in held.iter().enumerate() {
+                if *was_held {
+                    grants.push(None);
+                    continue;
+                }
+                let (Some(fence), Some(ms)) = (ints[2 + 2 * i], ints[3 + 2 * i]) else {
+                    return Err(unexpected("acquire-all", &reply));
+                };
+                let fence = u64::try_from(fence).map_err(|_| unexpected("acquire-all", &reply))?;
+                let lease = u64::try_from(ms)
+                    .ok()
+                    .filter(|ms| *ms > 0)
+                    .map(Duration::from_millis)
+                    .ok_or_else(|| unexpected("acquire-all", &reply))?;
+                grants.push(Some((fence, lease)));
+            }
+            Ok(GroupReply::Taken {
+                grants,
+                server_clock: u64::try_from(clock).ok().filter(|c| *c > 0),
+            })
+        }
+        _ => Err(unexpected("acquire-all", &reply)),
     }
 }
 

@@ -107,6 +107,32 @@ pub(crate) fn read_attempt(
     )
 }
 
+/// The acquire-all script for `keys` under `tokens` (`held`: per name, whether it is held
+/// already, and only checked), for `ttl`, with the server's clock estimated as `clock_us`.
+pub(crate) fn attempt_all(
+    keys: &[crate::keys::LockKeys],
+    tokens: &[String],
+    held: &[bool],
+    ttl: Duration,
+    clock_us: u64,
+) -> Call {
+    let mut k: Vec<&str> = Vec::with_capacity(2 * keys.len());
+    for key in keys {
+        k.push(&key.lock);
+        k.push(&key.fence);
+    }
+    let flags: String = held.iter().map(|h| if *h { '1' } else { '0' }).collect();
+    let ttl_ms = ttl.as_millis() as u64;
+    let mut args: Vec<&dyn crate::backend::call::ScriptArg> = Vec::with_capacity(3 + tokens.len());
+    args.push(&ttl_ms);
+    args.push(&clock_us);
+    args.push(&flags);
+    for token in tokens {
+        args.push(token);
+    }
+    Call::script(&crate::scripts::ACQUIRE_ALL, &k, &args)
+}
+
 /// The calls of one extend of `hold` to `ttl`: the kind's extend script, and `WAIT` when
 /// replicas must acknowledge.
 pub(crate) fn extend(hold: Hold<'_>, ttl: Duration, replicas: Option<Replicas>) -> Vec<Call> {

@@ -20,8 +20,8 @@ use crate::backend::batch::{Batcher, Item};
 use crate::backend::call::{Call, Replicas};
 use crate::backend::exec::{Exec, Replies};
 use crate::core::acquire::Bounds;
-use crate::core::reply::{Answer, AttemptReply, ExtendReply, Mode, ReleaseReply};
-use crate::error::Result;
+use crate::core::reply::{Answer, AttemptReply, ExtendReply, GroupReply, Mode, ReleaseReply};
+use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
 
@@ -66,6 +66,18 @@ pub(crate) struct AttemptRequest<'a> {
     pub replicas: Option<Replicas>,
 }
 
+/// One attempt at several mutexes of one group (see [`LockServer::group_of`]).
+pub(crate) struct GroupRequest<'a> {
+    /// The names' keys, in the order they are taken.
+    pub keys: &'a [LockKeys],
+    /// Per name, the token it is taken under (or held under).
+    pub tokens: &'a [String],
+    /// Per name, whether the caller holds it already (checked only).
+    pub held: &'a [bool],
+    pub ttl: Duration,
+    pub exec: Exec<'a>,
+}
+
 /// A renewal queued in a batch, to take back while it is unsent.
 pub(crate) struct Queued {
     pub batcher: Weak<Batcher>,
@@ -88,6 +100,21 @@ pub(crate) trait LockServer: Send + Sync {
     /// Sends an attempt. `Ok(None)`: a block found every blocking connection taken, and
     /// nothing was sent.
     fn attempt(&self, request: &AttemptRequest<'_>) -> Result<Option<Answer<AttemptReply>>>;
+
+    /// The group of the lock `key`: names of one group are taken in one script by
+    /// [`Self::attempt_all`], and groups are taken in the order of their numbers. `None`:
+    /// this deployment has no such script (a quorum), and names are taken one by one.
+    fn group_of(&self, _key: &str) -> Option<u16> {
+        None
+    }
+
+    /// Sends the acquire-all script ([`crate::scripts::ACQUIRE_ALL`]) for names of one
+    /// group. Only where [`Self::group_of`] gives groups.
+    fn attempt_all(&self, _request: &GroupRequest<'_>) -> Result<Answer<GroupReply>> {
+        Err(Error::invalid(
+            "this deployment cannot take several names in one script",
+        ))
+    }
 
     /// Extends `hold` to `ttl`.
     fn extend(

@@ -13,11 +13,11 @@ use crate::backend::exec::{Exec, Replies};
 use crate::backend::wire::reply;
 use crate::core::acquire::Bounds;
 use crate::core::backoff;
-use crate::core::reply::{Answer, AttemptReply, ExtendReply, ReleaseReply};
+use crate::core::reply::{self as replies, Answer, AttemptReply, ExtendReply, GroupReply, ReleaseReply};
 use crate::core::server_time::ServerTime;
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::protocol::{AttemptRequest, Capabilities, Hold, LockServer, Queued, calls};
+use crate::protocol::{AttemptRequest, Capabilities, GroupRequest, Hold, LockServer, Queued, calls};
 use crate::sync::{self, Mutex};
 use crate::token;
 
@@ -96,6 +96,45 @@ impl LockServer for Routed {
             sync::lock(&self.server_time).observed(clock, sent, arrived);
         }
         Ok(Some(answer))
+    }
+
+    fn group_of(&self, key: &str) -> Option<u16> {
+        // One server (or Sentinel's primary) runs a script over any keys; a Cluster only
+        // over keys of one slot.
+        Some(if self.backend.is_cluster() {
+            crate::keys::key_slot(key.as_bytes())
+        } else {
+            0
+        })
+    }
+
+    fn attempt_all(&self, request: &GroupRequest<'_>) -> Result<Answer<GroupReply>> {
+        let Some(first) = request.keys.first() else {
+            return Err(crate::error::Error::invalid("no names to take"));
+        };
+        let clock = sync::lock(&self.server_time).estimate(Instant::now());
+        let call = calls::attempt_all(
+            request.keys,
+            request.tokens,
+            request.held,
+            request.ttl,
+            clock,
+        );
+        let replies = self.backend.run(&first.lock, &[call], &request.exec)?;
+        let arrived = Instant::now();
+        let reply = replies::attempt_all(replies.values.into_iter().next(), request.held)?;
+        if let GroupReply::Taken {
+            server_clock: Some(clock),
+            ..
+        } = reply
+        {
+            sync::lock(&self.server_time).observed(clock, replies.sent_at, arrived);
+        }
+        Ok(Answer {
+            reply,
+            sent_at: replies.sent_at,
+            unacknowledged: None,
+        })
     }
 
     fn extend(

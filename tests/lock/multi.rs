@@ -175,7 +175,8 @@ fn losing_any_name_loses_the_whole_lock_once() {
 }
 
 /// On a cluster, names on different primaries: a stopped primary halfway (the second name's,
-/// in key order) ends the acquire with an error and leaves the first name free.
+/// in the order names are taken: by slot) ends the acquire with an error and leaves the
+/// first name free.
 #[test]
 fn a_stopped_cluster_node_halfway_leaves_nothing_held() {
     use redlease::ClientOptions;
@@ -186,13 +187,15 @@ fn a_stopped_cluster_node_halfway_leaves_nothing_held() {
     cluster.wait_until_ok(Duration::from_secs(30));
     // Two names on two different primaries.
     let first = "cl:a".to_owned();
-    let first_node = cluster
-        .primary_of(redlease::key_slot(first.as_bytes()))
-        .port;
+    let first_slot = redlease::key_slot(first.as_bytes());
+    let first_node = cluster.primary_of(first_slot).port;
     let second = (0..1000)
         .map(|i| format!("cl:b{i}"))
-        .find(|n| cluster.primary_of(redlease::key_slot(n.as_bytes())).port != first_node)
-        .expect("a name on another primary");
+        .find(|n| {
+            let slot = redlease::key_slot(n.as_bytes());
+            slot > first_slot && cluster.primary_of(slot).port != first_node
+        })
+        .expect("a name on another primary, taken after the first");
     let stopped = cluster.primary_of(redlease::key_slot(second.as_bytes()));
     let options = ClientOptions::default()
         .io_timeout(Duration::from_millis(300))
