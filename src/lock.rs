@@ -254,7 +254,15 @@ impl<'a> LockBuilder<'a> {
             lease,
             sent_at,
         };
-        LockGuard::taken(shared, keys, token.to_owned(), granted, ttl, self.renew, self.on_lost)
+        LockGuard::taken(
+            shared,
+            keys,
+            token.to_owned(),
+            granted,
+            ttl,
+            self.renew,
+            self.on_lost,
+        )
     }
 
     pub(crate) fn acquire_with(self, wait: Wait) -> Result<LockGuard> {

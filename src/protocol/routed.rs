@@ -13,11 +13,15 @@ use crate::backend::exec::{Exec, Replies};
 use crate::backend::wire::reply;
 use crate::core::acquire::Bounds;
 use crate::core::backoff;
-use crate::core::reply::{self as replies, Answer, AttemptReply, ExtendReply, GroupReply, ReleaseReply};
+use crate::core::reply::{
+    self as replies, Answer, AttemptReply, ExtendReply, GroupReply, ReleaseReply,
+};
 use crate::core::server_time::ServerTime;
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::protocol::{AttemptRequest, Capabilities, GroupRequest, Hold, LockServer, Queued, calls};
+use crate::protocol::{
+    AttemptRequest, Capabilities, GroupRequest, Hold, LockServer, Queued, calls,
+};
 use crate::sync::{self, Mutex};
 use crate::token;
 

@@ -58,7 +58,7 @@ fn each_name_stays_exclusive_with_single_name_locks_and_a_busy_name_leaves_nothi
         .try_acquire()
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Busy);
-    // set:a was taken first (key order), then given back; set:c never taken.
+    // Taken in one script, all or none: neither set:a nor set:c was taken.
     assert!(!client.is_locked("set:a").unwrap() && !client.is_locked("set:c").unwrap());
     let waited = client
         .lock_all(&["set:a", "set:b"])
@@ -89,11 +89,11 @@ fn each_name_stays_exclusive_with_single_name_locks_and_a_busy_name_leaves_nothi
 }
 
 #[test]
-fn a_reply_lost_halfway_leaves_nothing_held() {
+fn a_lost_reply_leaves_nothing_held() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let client = Client::open(&proxy.url()).unwrap();
-    // The acquire of the second name runs on the server but its reply never arrives.
+    // The script that takes both names runs on the server but its reply never arrives.
     proxy.on_request(b"half:b", 1, Action::ResetBeforeReply);
     let err = client
         .lock_all(&["half:a", "half:b"])
@@ -186,7 +186,10 @@ fn a_stopped_cluster_node_halfway_leaves_nothing_held() {
     let cluster = LocalCluster::start(3, 0);
     cluster.wait_until_ok(Duration::from_secs(30));
     // Two names on two different primaries.
-    let first = "cl:a".to_owned();
+    let first = (0..1000)
+        .map(|i| format!("cl:a{i}"))
+        .find(|n| redlease::key_slot(n.as_bytes()) < 4000)
+        .expect("a name of a low slot");
     let first_slot = redlease::key_slot(first.as_bytes());
     let first_node = cluster.primary_of(first_slot).port;
     let second = (0..1000)
@@ -217,4 +220,182 @@ fn a_stopped_cluster_node_halfway_leaves_nothing_held() {
         }),
         "both names are free again"
     );
+}
+
+/// On one server every name is in one group: one script takes them all, and a busy name
+/// means nothing was written (no key, no fencing counter), not names taken and given back.
+#[test]
+fn names_on_one_server_are_taken_in_one_script_and_a_busy_one_writes_nothing() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    // Loads the script (a first EVALSHA may be answered NOSCRIPT).
+    client
+        .lock_all(&["warm:a", "warm:b"])
+        .try_acquire()
+        .unwrap();
+    server.cmd::<String>(&["CONFIG", "RESETSTAT"]);
+    let all = client
+        .lock_all(&["one:c", "one:a", "one:b"])
+        .try_acquire()
+        .unwrap();
+    assert_eq!(server.calls("evalsha"), 1, "one script for the three names");
+    assert!(all.fencing_tokens().iter().all(|(_, f)| *f > 0));
+    all.release().unwrap();
+
+    let other = Client::open(&server.url()).unwrap();
+    let busy = other.lock("two:c").try_acquire().unwrap();
+    let before = server.cmd::<i64>(&["DBSIZE"]);
+    let err = client
+        .lock_all(&["two:a", "two:b", "two:c"])
+        .try_acquire()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Busy);
+    assert!(err.to_string().contains("two:c"), "{err}");
+    assert_eq!(
+        server.cmd::<i64>(&["DBSIZE"]),
+        before,
+        "neither two:a nor two:b, nor their fencing counters, was written"
+    );
+    busy.release().unwrap();
+}
+
+/// A waiting caller takes the busy name alone (queued, woken by its release) and holds
+/// nothing before it meanwhile; then the rest in one script.
+#[test]
+fn a_waiting_caller_holds_nothing_while_it_waits_for_the_first_busy_name() {
+    let server = RedisServer::start();
+    let client = Arc::new(Client::open(&server.url()).unwrap());
+    let holder = client.lock("w:b").try_acquire().unwrap();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            client
+                .lock_all(&["w:a", "w:b", "w:c"])
+                .acquire_timeout(Duration::from_secs(20))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!client.is_locked("w:a").unwrap() && !client.is_locked("w:c").unwrap());
+    let b_fence = holder.fencing_token();
+    holder.release().unwrap();
+    let all = waiter
+        .join()
+        .unwrap()
+        .expect("all three once w:b is released");
+    assert!(all.fencing_token("w:b").unwrap() > b_fence);
+    for name in ["w:a", "w:b", "w:c"] {
+        assert!(client.is_locked(name).unwrap(), "{name}");
+    }
+    all.release().unwrap();
+}
+
+/// Three callers whose sets overlap in a ring ({a, b}, {b, c}, {c, a}): with a wait for a
+/// name only while holding none after it, none waits for another in a circle.
+#[test]
+fn callers_whose_sets_overlap_in_a_ring_never_deadlock_nor_overlap() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let inside = Arc::new([
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    ]);
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let runs: Vec<_> = [[0usize, 1], [1, 2], [2, 0]]
+        .into_iter()
+        .map(|pair| {
+            let (url, inside, overlaps) = (url.clone(), inside.clone(), overlaps.clone());
+            std::thread::spawn(move || {
+                let client = Client::open(&url).unwrap();
+                let names = pair.map(|i| ["ring:a", "ring:b", "ring:c"][i]);
+                for _ in 0..40 {
+                    let both = client
+                        .lock_all(&names)
+                        .acquire_timeout(Duration::from_secs(20))
+                        .expect("never a deadlock");
+                    for i in pair {
+                        if inside[i].fetch_add(1, Ordering::SeqCst) != 0 {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                    for i in pair {
+                        inside[i].fetch_sub(1, Ordering::SeqCst);
+                    }
+                    both.release().unwrap();
+                }
+            })
+        })
+        .collect();
+    for run in runs {
+        run.join().unwrap();
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+}
+
+/// A cancelled wait ends with `Cancelled` and leaves every name as it found it.
+#[test]
+fn a_cancelled_group_wait_holds_nothing() {
+    let server = RedisServer::start();
+    let client = Arc::new(Client::open(&server.url()).unwrap());
+    let holder = client.lock("cx:b").try_acquire().unwrap();
+    let cancel = redlease::CancelToken::new();
+    let waiter = {
+        let (client, cancel) = (client.clone(), cancel.clone());
+        std::thread::spawn(move || {
+            client
+                .lock_all(&["cx:a", "cx:b"])
+                .cancel_token(&cancel)
+                .acquire()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    cancel.cancel();
+    let err = waiter.join().unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Cancelled);
+    assert!(!client.is_locked("cx:a").unwrap());
+    assert!(holder.is_held());
+    holder.release().unwrap();
+}
+
+/// On a cluster, names with one hash tag share a slot: one script on that slot's primary
+/// takes them all, and a busy one writes nothing there. Names of other slots go group by
+/// group.
+#[test]
+fn names_of_one_cluster_slot_are_taken_in_one_script() {
+    use crate::support::deploy::LocalCluster;
+
+    let cluster = LocalCluster::start(3, 0);
+    cluster.wait_until_ok(Duration::from_secs(30));
+    let names = ["{acct}:1", "{acct}:2", "{acct}:3"];
+    let primary = cluster.primary_of(redlease::key_slot(b"acct"));
+    let client = Client::open(&cluster.url()).unwrap();
+    client
+        .lock_all(&["{warm}:1", "{warm}:2"])
+        .try_acquire()
+        .unwrap();
+    client
+        .lock_all(&["{acct}:warm", "{acct}:warm2"])
+        .try_acquire()
+        .unwrap();
+    primary.cmd::<String>(&["CONFIG", "RESETSTAT"]);
+    let all = client.lock_all(&names).try_acquire().unwrap();
+    assert_eq!(primary.calls("evalsha"), 1, "one script for the slot");
+    all.release().unwrap();
+
+    let busy = client.lock("{acct}:2").try_acquire().unwrap();
+    let before = primary.cmd::<i64>(&["DBSIZE"]);
+    let err = client
+        .lock_all(&["{acct}:1", "{acct}:3", "{acct}:2", "elsewhere"])
+        .try_acquire()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Busy);
+    assert_eq!(primary.cmd::<i64>(&["DBSIZE"]), before, "nothing written");
+    busy.release().unwrap();
+    let all = client
+        .lock_all(&["{acct}:1", "{acct}:3", "{acct}:2", "elsewhere"])
+        .try_acquire()
+        .unwrap();
+    assert_eq!(all.fencing_tokens().len(), 4);
+    all.release().unwrap();
 }
