@@ -92,6 +92,13 @@ impl Checker {
             &scripts::ACQUIRE_RW.sha,
         ];
         for (command, (reply, now)) in commands.iter().zip(replies) {
+            if command
+                .get(1)
+                .is_some_and(|sha| scripts::ACQUIRE_ALL.sha.as_bytes() == sha.as_slice())
+            {
+                self.group_replied(names, command, reply, *now);
+                continue;
+            }
             let is_acquire = command
                 .get(1)
                 .is_some_and(|sha| acquire_shas.iter().any(|s| s.as_bytes() == sha.as_slice()));
@@ -116,6 +123,34 @@ impl Checker {
                 if let Some(name) = names.iter().position(|n| n.name == key) {
                     self.server_grants[name].push((*now, token));
                 }
+            }
+        }
+    }
+
+    /// The acquire-all script ran at `now`: when it took its names, each is a grant.
+    fn group_replied(&mut self, names: &[Name], command: &[Vec<u8>], reply: &Value, now: Micros) {
+        let Value::Array(items) = reply else {
+            return;
+        };
+        if items.first() != Some(&Value::Int(1)) {
+            return;
+        }
+        let text = |i: usize| {
+            command
+                .get(i)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+        };
+        let numkeys: usize = text(2).and_then(|n| n.parse().ok()).unwrap_or(0);
+        let flags = text(3 + numkeys + 2).unwrap_or_default();
+        for (i, flag) in flags.chars().enumerate() {
+            if flag != '0' {
+                continue;
+            }
+            let (Some(key), Some(token)) = (text(3 + 2 * i), text(3 + numkeys + 3 + i)) else {
+                continue;
+            };
+            if let Some(name) = names.iter().position(|n| n.name == key) {
+                self.server_grants[name].push((now, token));
             }
         }
     }
@@ -158,6 +193,40 @@ impl Checker {
                 ),
             );
         }
+    }
+
+    /// A lock over several names waiting as `wait` took `took` by its caller's clock
+    /// (which read `started` when it began): its last wait for one name ends within the
+    /// wait plus one request's bounds and a block's lateness, and one more attempt follows.
+    pub fn group_took(
+        &mut self,
+        now: Micros,
+        wait: Wait,
+        started: std::time::Instant,
+        took: Duration,
+        paused: bool,
+    ) {
+        self.ops += 1;
+        let b = self.bounds;
+        let request = b.pool_wait + b.connect + b.io;
+        let bound = match wait {
+            Wait::No => request,
+            Wait::Until(deadline) => {
+                deadline.saturating_duration_since(started) + 2 * request + BLOCK_LATENESS
+            }
+            Wait::Forever => return,
+        };
+        if !paused && took > bound + SLACK {
+            self.fail(
+                now,
+                format!("a lock over several names ({wait:?}) took {took:?}, over {bound:?}"),
+            );
+        }
+    }
+
+    /// Fails the run: `what` happened at `now`.
+    pub fn fail_now(&mut self, now: Micros, what: &str) {
+        self.fail(now, what.to_owned());
     }
 
     /// An extend took `took` from the moment it had its lease's gate (`replicas`: how

@@ -7,6 +7,8 @@ use redis::Value;
 
 use crate::backend::call::Replicas;
 use crate::core::acquire::{AcquireMachine, AcquireSpec};
+use crate::core::backoff::Wait;
+use crate::core::group::GroupMachine;
 use crate::core::lease::{Broken, LeaseClock};
 use crate::core::server_time::ServerTime;
 use crate::error::Error;
@@ -81,7 +83,32 @@ pub(crate) enum Op {
     Releasing(Holding, GateStage, Instant),
     /// Adopting a mutex another thread holds, under its token.
     Adopting(Box<Adopting>),
+    /// Taking several mutexes all or none (`Client::lock_all`): a group attempt in flight
+    /// (a wait for one of its names alone is an [`Op::Acquiring`] carrying the group).
+    Grouping(Box<Grouping>),
     Done,
+}
+
+/// A lock over several names in progress, run by [`GroupMachine`] as the runtime's
+/// `MultiLockBuilder` runs it.
+pub(crate) struct Grouping {
+    /// The names, in the order they are taken (their keys').
+    pub names: Vec<usize>,
+    pub machine: GroupMachine,
+    pub ttl: Duration,
+    pub renew: bool,
+    pub wait: Wait,
+    pub started: Instant,
+    pub pauses: u64,
+    /// The group attempt in flight, with its held flags.
+    pub pending: Option<(ReqId, Vec<bool>)>,
+    /// Per name, the lease of the ordinary acquire that took it alone.
+    pub alone: Vec<Option<LeaseId>>,
+    /// The name being waited for alone.
+    pub waiting_for: usize,
+    /// When the server ran the last group attempt answered.
+    pub ran_at: Micros,
+    pub cancelled: bool,
 }
 
 /// An adopt in flight: the check of a mutex held under `token`, sent at `sent_at`.
@@ -113,6 +140,7 @@ impl Op {
                 }
             ),
             Op::Adopting(a) => format!("adopting name {} under {}", a.name, a.token),
+            Op::Grouping(g) => format!("taking names {:?} at once ({:?})", g.names, g.pending),
             Op::Holding(h) => format!("holding lease {}", h.lease),
             Op::Extending(h, _, _) => format!("extending lease {}", h.lease),
             Op::Releasing(h, stage, _) => format!(
@@ -165,6 +193,9 @@ pub(crate) struct Holding {
     pub extend: Option<Duration>,
     /// It already looked at whether it holds, before writing to the fenced resource.
     pub checked: bool,
+    /// The other names of a lock over several names, with their leases and tokens:
+    /// released one after the other after this one.
+    pub rest: Vec<(LeaseId, String)>,
 }
 
 /// Where an extend or a release stands with its lease's gate.
@@ -208,6 +239,8 @@ pub(crate) struct Acquiring {
     pub cancelled: bool,
     /// Replicas that must acknowledge its writes (`min_replicas`).
     pub replicas: Option<Replicas>,
+    /// The lock over several names this acquire takes one name of, alone.
+    pub group: Option<Box<Grouping>>,
 }
 
 /// What an acquire's machine waits for.

@@ -41,6 +41,8 @@ use crate::sim::config::{Deployment, Micros, micros};
 use crate::sim::trace::short;
 use crate::sim::world::{Event as WorldEvent, Purpose, World};
 
+mod groups;
+
 /// How long a thread thinks between two operations, at most.
 const MAX_THINK: Micros = 50_000;
 /// How soon a renewal looks again at a lease whose gate an extend holds.
@@ -98,6 +100,9 @@ impl World {
 
     /// The caller of a waiting acquire cancels it.
     pub(crate) fn cancel(&mut self, client: usize, task: TaskId) {
+        if matches!(self.op(client, task), Op::Grouping(_)) {
+            return self.cancel_group(client, task);
+        }
         if !matches!(self.op(client, task), Op::Acquiring(_)) {
             // Too late: the acquire is over.
             return;
@@ -144,6 +149,9 @@ impl World {
             return;
         }
         *left -= 1;
+        if self.groups && self.group_rng.bool() {
+            return self.start_group(client, task);
+        }
         if self.adopts && self.adopt_rng.u32(0..4) == 0 {
             if let Some((holder, lease, name, token)) = self.adoptable() {
                 // The holder hands its token over: it stops relying on the lock, renewing
@@ -236,6 +244,7 @@ impl World {
             granted_at: None,
             cancelled: false,
             replicas,
+            group: None,
         });
         self.step(client, task, acq, Event::Start);
     }
@@ -624,6 +633,9 @@ impl World {
             Op::Adopting(adopting) if Self::answers(&adopting.request, id) => {
                 self.adopt_answered(client, task, *adopting, answer)
             }
+            Op::Grouping(group) if group.pending.as_ref().is_some_and(|(r, _)| *r == id) => {
+                self.group_answered(client, task, group, times, answer)
+            }
             op => *self.op(client, task) = op,
         }
     }
@@ -639,6 +651,10 @@ impl World {
                 let Op::Holding(holding) = &self.clients[c].tasks[t].op else {
                     continue;
                 };
+                if !holding.rest.is_empty() {
+                    // A lock over several names is not handed over.
+                    continue;
+                }
                 let lease = &self.clients[c].leases[holding.lease];
                 if lease.kind == Kind::Mutex
                     && lease.replicas.is_none()
@@ -765,6 +781,7 @@ impl World {
             hold: adopting.token,
             extend,
             checked: false,
+            rest: Vec::new(),
         });
         self.at(at, WorldEvent::Wake { client, task });
     }
@@ -898,7 +915,7 @@ impl World {
         &mut self,
         client: usize,
         task: TaskId,
-        acq: Box<Acquiring>,
+        mut acq: Box<Acquiring>,
         result: Result<Acquired>,
     ) {
         let now = self.local(client);
@@ -907,6 +924,14 @@ impl World {
         let vnow = self.now;
         self.check
             .acquire_took(vnow, &acq.spec, acq.started, took, paused);
+        if let Some(group) = acq.group.take() {
+            // One name of a lock over several names, taken alone while its caller waited.
+            let waited = result.map(|acquired| {
+                let lease = self.new_lease(client, &acq, &acquired);
+                (lease, acquired.token)
+            });
+            return self.group_waited(client, task, group, waited);
+        }
         let Acquired {
             granted,
             token,
@@ -928,44 +953,15 @@ impl World {
             .and_then(|lock_token| self.join(client, &acq, lock_token, &granted, &token));
         let lease = match joined {
             Some(lease) => lease,
-            None => {
-                let id = self.clients[client].leases.len();
-                let granted_at = acq.granted_at.unwrap_or(self.now);
-                let lease_token = reentered.clone().unwrap_or_else(|| token.clone());
-                let keys = self.keys(acq.name);
-                self.clients[client].leases.push(SimLease {
-                    name: acq.name,
-                    token: lease_token.clone(),
-                    kind: acq.kind.clone(),
-                    keys,
-                    clock: LeaseClock::new(acq.spec.ttl, granted.lease, granted.sent_at),
-                    fencing: granted.fencing_token,
-                    renew: acq.spec.renew,
-                    holds: vec![token.clone()],
-                    granted_at,
-                    gate_busy: false,
-                    gate_closed: false,
-                    gate_waiters: Vec::new(),
-                    renewal: None,
-                    replicas: acq.replicas,
-                    queued: false,
-                    batch_failed: false,
-                    seen_ended: false,
-                    handed_over: false,
-                });
-                if acq.spec.renew {
-                    self.schedule_renewal(client, id);
-                }
-                if reentered.is_none() {
-                    self.check.told_granted(
-                        acq.name,
-                        granted_at,
-                        granted.fencing_token,
-                        &lease_token,
-                    );
-                }
-                id
-            }
+            None => self.new_lease(
+                client,
+                &acq,
+                &Acquired {
+                    granted,
+                    token: token.clone(),
+                    reentered,
+                },
+            ),
         };
         if self.trace.enabled {
             let l = &self.clients[client].leases[lease];
@@ -989,8 +985,51 @@ impl World {
             hold: token,
             extend,
             checked: false,
+            rest: Vec::new(),
         });
         self.at(at, WorldEvent::Wake { client, task });
+    }
+
+    /// A lease of its own for what `acq` acquired (not a re-entry joined to a lease held
+    /// here), with its renewal, told to the checker.
+    fn new_lease(&mut self, client: usize, acq: &Acquiring, acquired: &Acquired) -> LeaseId {
+        let Acquired {
+            granted,
+            token,
+            reentered,
+        } = acquired;
+        let id = self.clients[client].leases.len();
+        let granted_at = acq.granted_at.unwrap_or(self.now);
+        let lease_token = reentered.clone().unwrap_or_else(|| token.clone());
+        let keys = self.keys(acq.name);
+        self.clients[client].leases.push(SimLease {
+            name: acq.name,
+            token: lease_token.clone(),
+            kind: acq.kind.clone(),
+            keys,
+            clock: LeaseClock::new(acq.spec.ttl, granted.lease, granted.sent_at),
+            fencing: granted.fencing_token,
+            renew: acq.spec.renew,
+            holds: vec![token.clone()],
+            granted_at,
+            gate_busy: false,
+            gate_closed: false,
+            gate_waiters: Vec::new(),
+            renewal: None,
+            replicas: acq.replicas,
+            queued: false,
+            batch_failed: false,
+            seen_ended: false,
+            handed_over: false,
+        });
+        if acq.spec.renew {
+            self.schedule_renewal(client, id);
+        }
+        if reentered.is_none() {
+            self.check
+                .told_granted(acq.name, granted_at, granted.fencing_token, &lease_token);
+        }
+        id
     }
 
     /// A re-entry: the new hold joins the lease this client holds under `lock_token` if it
@@ -1256,6 +1295,20 @@ impl World {
             granted_at,
             exempt,
         );
+        let mut rest = holding.rest;
+        if !rest.is_empty() {
+            // The next name of a lock over several names.
+            let (lease, hold) = rest.remove(0);
+            let next = Holding {
+                lease,
+                hold,
+                extend: None,
+                checked: true,
+                rest,
+            };
+            *self.op(client, task) = Op::Releasing(next, GateStage::Waiting, now);
+            return self.leave_hold(client, task);
+        }
         self.think(client, task);
     }
 

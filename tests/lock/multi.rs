@@ -229,10 +229,11 @@ fn names_on_one_server_are_taken_in_one_script_and_a_busy_one_writes_nothing() {
     let server = RedisServer::start();
     let client = Client::open(&server.url()).unwrap();
     // Loads the script (a first EVALSHA may be answered NOSCRIPT).
-    client
+    let warm = client
         .lock_all(&["warm:a", "warm:b"])
         .try_acquire()
         .unwrap();
+    warm.release().unwrap();
     server.cmd::<String>(&["CONFIG", "RESETSTAT"]);
     let all = client
         .lock_all(&["one:c", "one:a", "one:b"])
@@ -370,14 +371,16 @@ fn names_of_one_cluster_slot_are_taken_in_one_script() {
     let names = ["{acct}:1", "{acct}:2", "{acct}:3"];
     let primary = cluster.primary_of(redlease::key_slot(b"acct"));
     let client = Client::open(&cluster.url()).unwrap();
-    client
+    let warm = client
         .lock_all(&["{warm}:1", "{warm}:2"])
         .try_acquire()
         .unwrap();
-    client
+    warm.release().unwrap();
+    let warm = client
         .lock_all(&["{acct}:warm", "{acct}:warm2"])
         .try_acquire()
         .unwrap();
+    warm.release().unwrap();
     primary.cmd::<String>(&["CONFIG", "RESETSTAT"]);
     let all = client.lock_all(&names).try_acquire().unwrap();
     assert_eq!(primary.calls("evalsha"), 1, "one script for the slot");

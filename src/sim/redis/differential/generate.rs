@@ -5,8 +5,8 @@
 use super::compare::Rule;
 use super::{A, B, D, Step};
 use crate::scripts::{
-    ACQUIRE, ACQUIRE_PERMIT, ACQUIRE_RW, EXTEND, EXTEND_PERMIT, EXTEND_RW, Lua, RELEASE,
-    RELEASE_PERMIT, RELEASE_RW,
+    ACQUIRE, ACQUIRE_ALL, ACQUIRE_PERMIT, ACQUIRE_RW, EXTEND, EXTEND_PERMIT, EXTEND_RW, Lua,
+    RELEASE, RELEASE_PERMIT, RELEASE_RW,
 };
 use crate::sim::redis::{Command, command};
 
@@ -139,7 +139,7 @@ impl Generator {
             roles.iter().map(|&i| g.role(family[i])).collect()
         };
         let reentrant = self.chance(25);
-        match self.rng.u8(..9) {
+        match self.rng.u8(..10) {
             0 => {
                 let mut k = keys(self, &LOCK, &[0, 1, 2, 3, 4, 5]);
                 let mut a = vec![
@@ -222,6 +222,20 @@ impl Generator {
                 let k = keys(self, &RW, &[0]);
                 let a = vec![self.token(), self.ttl(), self.pick(&["w", "r"]).into()];
                 ("EXTEND_RW", &EXTEND_RW, k, a)
+            }
+            9 => {
+                // Two mutexes at once: the lock family's and the plain keys as a second.
+                let mut k = keys(self, &LOCK, &[0, 1]);
+                k.push(self.role("k1"));
+                k.push(self.role("k2"));
+                let a = vec![
+                    self.ttl(),
+                    self.clock(),
+                    self.pick(&["00", "01", "10", "11", "0"]).into(),
+                    self.token(),
+                    self.token(),
+                ];
+                ("ACQUIRE_ALL", &ACQUIRE_ALL, k, a)
             }
             _ => {
                 let k = keys(self, &RW, &[0, 2, 3, 4, 5]);

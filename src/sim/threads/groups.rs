@@ -1,0 +1,410 @@
+//! Threads that take several mutexes at once (`Client::lock_all`), as the runtime's
+//! `MultiLockBuilder` does on one server: a [`GroupMachine`] whose attempts are the real
+//! acquire-all script, whose waits for one name are ordinary acquires (an
+//! [`Op::Acquiring`] that carries the group), and whose give-backs go out in the
+//! background. The names it holds are leases of their own, renewed and released as any
+//! other; the checker sees each as a holder of its name.
+//!
+//! Two liberties, both giving more interleavings than the runtime has, not fewer: a name
+//! taken alone that the machine gives back is released in the background (the runtime
+//! waits for that release), and the names of a held group are released one after the other
+//! by the thread after its critical section (the runtime too, last taken first).
+
+use std::time::Duration;
+
+use crate::core::acquire::{AcquireMachine, AcquireSpec, Event};
+use crate::core::backoff::Wait;
+use crate::core::group::{GroupAction, GroupEvent, GroupGrant, GroupMachine, GroupSpec};
+use crate::core::lease::LeaseClock;
+use crate::core::reply::{self, Answer, GroupReply};
+use crate::error::Result;
+use crate::keys::LockKeys;
+use crate::kinds::Kind;
+use crate::protocol::calls;
+use crate::sim::client::{Acquiring, Grouping, Holding, LeaseId, Op, Pending, SimLease, TaskId};
+use crate::sim::config::{Micros, micros};
+use crate::sim::threads::{Answered, args};
+use crate::sim::trace::short;
+use crate::sim::world::{Event as WorldEvent, Purpose, World};
+
+impl World {
+    /// The run's mutexes (by index), when a lock over several names can be taken here:
+    /// two of them at least, on one server (not Redlock).
+    pub(super) fn group_names(&self) -> Vec<usize> {
+        if self.redlock() {
+            return Vec::new();
+        }
+        let mutexes: Vec<usize> = (0..self.cfg.names.len())
+            .filter(|n| self.cfg.names[*n].kind == Kind::Mutex)
+            .collect();
+        if mutexes.len() < 2 {
+            Vec::new()
+        } else {
+            mutexes
+        }
+    }
+
+    /// Starts a lock over two or more of the run's mutexes.
+    pub(super) fn start_group(&mut self, client: usize, task: TaskId) {
+        let mut names = self.group_names();
+        self.group_rng.shuffle(&mut names);
+        let count = self.group_rng.usize(2..=names.len());
+        names.truncate(count);
+        // The order of their keys, as `MultiLockBuilder::order` sorts them on one server.
+        names.sort_by_key(|n| self.cfg.names[*n].name.clone());
+        let ttl = Duration::from_millis(
+            *self
+                .group_rng
+                .choice(&[20u64, 100, 300, 1000, 3000])
+                .unwrap_or(&300),
+        );
+        let now = self.local(client);
+        let wait = match self.group_rng.u32(0..4) {
+            0 => Wait::No,
+            1 => Wait::Forever,
+            _ => Wait::Until(now + Duration::from_millis(self.group_rng.u64(1..=3000))),
+        };
+        let renew = self.group_rng.u32(0..3) != 0;
+        if wait != Wait::No && self.group_rng.u32(0..6) == 0 {
+            let after = self.group_rng.u64(0..2_000_000);
+            self.at(self.now + after, WorldEvent::Cancel { client, task });
+        }
+        let label = format!("c{client}");
+        let stream = self.group_rng.u64(..) % 1_000_000;
+        let mut drawn = 0u64;
+        let tokens = Box::new(move || {
+            drawn += 1;
+            format!("{label}-g{stream}.{drawn}")
+        });
+        let spec = GroupSpec {
+            keys: names.iter().map(|n| self.keys(*n).lock).collect(),
+            wait,
+            io: self.cfg.io_timeout,
+        };
+        self.trace.line(self.now, || {
+            format!(
+                "c{client}/t{task} takes {:?} at once for {ttl:?}, {wait:?}, renew {renew}",
+                spec.keys
+            )
+        });
+        let group = Box::new(Grouping {
+            alone: vec![None; names.len()],
+            names,
+            machine: GroupMachine::new(spec, tokens),
+            ttl,
+            renew,
+            wait,
+            started: now,
+            pauses: self.clients[client].pauses,
+            pending: None,
+            waiting_for: 0,
+            ran_at: 0,
+            cancelled: false,
+        });
+        self.group_step(client, task, group, GroupEvent::Start);
+    }
+
+    /// Steps a group's machine with `event` and carries out what it decides.
+    fn group_step(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        mut group: Box<Grouping>,
+        mut event: GroupEvent,
+    ) {
+        loop {
+            let now = self.local(client);
+            let action = group.machine.step(event, now, group.cancelled);
+            event = match action {
+                GroupAction::Attempt { tokens, held } => {
+                    let keys: Vec<LockKeys> = group.names.iter().map(|n| self.keys(*n)).collect();
+                    let clock = self.clients[client].server_time.estimate(now);
+                    let call = calls::attempt_all(&keys, &tokens, &held, group.ttl, clock);
+                    let deadline = self.reply_deadline(client, None, None);
+                    let id = self.send(
+                        client,
+                        Purpose::Task(task),
+                        self.primary,
+                        vec![args(&call)],
+                        deadline,
+                    );
+                    group.pending = Some((id, held));
+                    *self.op(client, task) = Op::Grouping(group);
+                    return;
+                }
+                GroupAction::GiveBack { tokens, cutoff } => {
+                    for (i, token) in tokens {
+                        let keys = self.keys(group.names[i]);
+                        let commands =
+                            vec![self.release_args(client, &Kind::Mutex, &keys, &token, true)];
+                        let deadline = self.reply_deadline(client, None, Some(cutoff));
+                        self.send(
+                            client,
+                            Purpose::Background,
+                            self.primary,
+                            commands,
+                            deadline,
+                        );
+                    }
+                    GroupEvent::GaveBack
+                }
+                GroupAction::Release(indices) => {
+                    for i in indices {
+                        if let Some(lease) = group.alone[i].take() {
+                            self.release_in_background(client, lease);
+                        }
+                    }
+                    GroupEvent::Released
+                }
+                GroupAction::WaitFor(i) => return self.wait_alone(client, task, group, i),
+                GroupAction::Done(result) => return self.group_done(client, task, group, result),
+            };
+        }
+    }
+
+    /// Takes name `i` of the group alone with the ordinary acquire, as the runtime's
+    /// `take_one` does, the group waiting inside it.
+    fn wait_alone(&mut self, client: usize, task: TaskId, mut group: Box<Grouping>, i: usize) {
+        let name = group.names[i];
+        let now = self.local(client);
+        let spec = AcquireSpec {
+            key: self.cfg.names[name].name.clone(),
+            ttl: group.ttl,
+            wait: group.wait,
+            renew: group.renew,
+            blocks: true,
+            bounds: self.bounds(),
+            replicas: Duration::ZERO,
+        };
+        let first = self.clients[client].token();
+        let label = format!("c{client}");
+        let stream = self.group_rng.u64(..) % 1_000_000;
+        let mut drawn = 0u64;
+        let mut first = Some(first);
+        let tokens = Box::new(move || {
+            if let Some(first) = first.take() {
+                return first;
+            }
+            drawn += 1;
+            format!("{label}-r{stream}.{drawn}")
+        });
+        let machine = AcquireMachine::new(
+            spec.clone(),
+            now,
+            tokens,
+            fastrand::Rng::with_seed(self.group_rng.u64(..)),
+        );
+        self.trace.line(self.now, || {
+            format!(
+                "c{client}/t{task} waits for {:?} alone, for its group",
+                spec.key
+            )
+        });
+        group.waiting_for = i;
+        let cancelled = group.cancelled;
+        let acq = Box::new(Acquiring {
+            name,
+            kind: Kind::Mutex,
+            machine,
+            spec,
+            started: now,
+            pauses: self.clients[client].pauses,
+            pending: Pending::Nothing,
+            granted_at: None,
+            cancelled,
+            replicas: None,
+            group: Some(group),
+        });
+        self.step(client, task, acq, Event::Start);
+    }
+
+    /// A wait for one name alone ended: with its lease and token, or not.
+    pub(super) fn group_waited(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        mut group: Box<Grouping>,
+        waited: Result<(LeaseId, String)>,
+    ) {
+        let i = group.waiting_for;
+        let event = match waited {
+            Ok((lease, token)) => {
+                group.alone[i] = Some(lease);
+                GroupEvent::Waited(i, Ok(token))
+            }
+            Err(e) => GroupEvent::Waited(i, Err(e)),
+        };
+        self.group_step(client, task, group, event);
+    }
+
+    /// The caller of a waiting group cancels it: the machine sees it at its next step (a
+    /// wait alone in progress is an acquire, cancelled as any).
+    pub(super) fn cancel_group(&mut self, client: usize, task: TaskId) {
+        if let Op::Grouping(group) = self.op(client, task) {
+            if group.wait != Wait::No {
+                group.cancelled = true;
+            }
+        }
+    }
+
+    /// A group attempt answered.
+    pub(super) fn group_answered(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        mut group: Box<Grouping>,
+        times: &[Micros],
+        answer: Answered,
+    ) {
+        let Some((_, held)) = group.pending.take() else {
+            *self.op(client, task) = Op::Grouping(group);
+            return;
+        };
+        let result = answer.and_then(|(values, sent_at)| {
+            let reply = reply::attempt_all(values.into_iter().next(), &held)?;
+            Ok(Answer {
+                reply,
+                sent_at,
+                unacknowledged: None,
+            })
+        });
+        if let Ok(Answer {
+            reply:
+                GroupReply::Taken {
+                    server_clock: Some(clock),
+                    ..
+                },
+            sent_at,
+            ..
+        }) = &result
+        {
+            let now = self.local(client);
+            self.clients[client]
+                .server_time
+                .observed(*clock, *sent_at, now);
+        }
+        // When the server ran it: the grants' time for the checker.
+        group.ran_at = times.first().copied().unwrap_or(self.now);
+        self.group_step(client, task, group, GroupEvent::Attempted(result));
+    }
+
+    /// The group is over: every name held (leases for the names the last attempt took,
+    /// with those taken alone), or nothing.
+    fn group_done(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        group: Box<Grouping>,
+        result: Result<Vec<GroupGrant>>,
+    ) {
+        let now = self.local(client);
+        let took = now.saturating_duration_since(group.started);
+        let paused = self.clients[client].pauses != group.pauses;
+        let vnow = self.now;
+        self.check
+            .group_took(vnow, group.wait, group.started, took, paused);
+        let grants = match result {
+            Ok(grants) => grants,
+            Err(e) => {
+                self.trace.line(self.now, || {
+                    format!(
+                        "c{client}/t{task} taking {:?} at once failed: {e}",
+                        group.names
+                    )
+                });
+                return self.think(client, task);
+            }
+        };
+        let mut leases = group.alone.clone();
+        let granted_at = group.ran_at;
+        for grant in grants {
+            let name = group.names[grant.index];
+            let id = self.clients[client].leases.len();
+            let keys = self.keys(name);
+            self.clients[client].leases.push(SimLease {
+                name,
+                token: grant.token.clone(),
+                kind: Kind::Mutex,
+                keys,
+                clock: LeaseClock::new(group.ttl, grant.granted.lease, grant.granted.sent_at),
+                fencing: grant.granted.fencing_token,
+                renew: group.renew,
+                holds: vec![grant.token.clone()],
+                granted_at,
+                gate_busy: false,
+                gate_closed: false,
+                gate_waiters: Vec::new(),
+                renewal: None,
+                replicas: None,
+                queued: false,
+                batch_failed: false,
+                seen_ended: false,
+                handed_over: false,
+            });
+            if group.renew {
+                self.schedule_renewal(client, id);
+            }
+            self.check
+                .told_granted(name, granted_at, grant.granted.fencing_token, &grant.token);
+            leases[grant.index] = Some(id);
+        }
+        let mut held: Vec<(LeaseId, String)> = Vec::with_capacity(leases.len());
+        for lease in leases {
+            let Some(lease) = lease else {
+                // The machine reports every name held once it is done: a defect.
+                self.check
+                    .fail_now(vnow, "a group was done without every name held");
+                return self.think(client, task);
+            };
+            held.push((lease, self.clients[client].leases[lease].token.clone()));
+        }
+        if self.trace.enabled {
+            let line = format!(
+                "c{client}/t{task} holds {:?} at once (leases {:?})",
+                group.names,
+                held.iter()
+                    .map(|(l, t)| format!("{l}:{}", short(t)))
+                    .collect::<Vec<_>>()
+            );
+            self.trace.line(self.now, || line);
+        }
+        // Released last taken first, as `MultiGuard::release` does.
+        held.reverse();
+        let (lease, hold) = held.remove(0);
+        let length = Duration::from_micros(self.rng.u64(0..=micros(group.ttl) * 3 / 2));
+        let at = self.virtual_at(client, now + length);
+        *self.op(client, task) = Op::Holding(Holding {
+            lease,
+            hold,
+            extend: None,
+            checked: false,
+            rest: held,
+        });
+        self.at(at, WorldEvent::Wake { client, task });
+    }
+
+    /// Releases a lease in the background: no hold relies on it from now on.
+    fn release_in_background(&mut self, client: usize, lease: LeaseId) {
+        self.take_back(client, lease);
+        let l = &mut self.clients[client].leases[lease];
+        l.holds.clear();
+        l.gate_closed = true;
+        l.clock.mark_released();
+        let (keys, token) = (l.keys.clone(), l.token.clone());
+        let commands = vec![self.release_args(client, &Kind::Mutex, &keys, &token, false)];
+        let deadline = self.reply_deadline(client, None, None);
+        self.trace.line(self.now, || {
+            format!(
+                "c{client} gives back lease {lease} ({}) in the background",
+                short(&token)
+            )
+        });
+        self.send(
+            client,
+            Purpose::Background,
+            self.primary,
+            commands,
+            deadline,
+        );
+    }
+}
