@@ -155,8 +155,8 @@ impl Client {
     }
 
     /// Starts describing one lock over several names: all of them or none, without
-    /// deadlock (they are taken in one global order, and a failure gives back what was
-    /// taken), with the verbs and options of [`lock`](Self::lock), renewal, one lost signal
+    /// deadlock (they are taken in one global order, by Cluster slot, then by key; those one
+    /// script can reach in one step; and a failure gives back what was taken), with the verbs and options of [`lock`](Self::lock), renewal, one lost signal
     /// (any name lost is the whole lock lost) and a fencing token per name. See
     /// [`MultiLockBuilder`].
     ///

@@ -29,6 +29,7 @@ use crate::lease::loss::LostCallback;
 use crate::lock::{LockBuilder, LockGuard};
 use crate::protocol::GroupRequest;
 use crate::shared::Shared;
+use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, Mutex};
 use crate::{stats, token};
 
@@ -79,8 +80,11 @@ impl<'a> MultiLockBuilder<'a> {
         self
     }
 
-    /// Called once, on a renewal thread, when the first of the names is lost (with that
-    /// name): the whole lock is lost then.
+    /// Called once, when the first of the names is lost (with that name): the whole lock is
+    /// lost then. Called on a renewal thread; for a name lost while the lock was being taken
+    /// and still part of it (its lease ran out, the key still holding the token), on the
+    /// caller's thread before the acquire returns. A name lost and taken again while the
+    /// caller waited is no loss of the lock.
     pub fn on_lost(mut self, callback: impl Fn(&str, LostReason) + Send + Sync + 'static) -> Self {
         self.on_lost = Some(Arc::new(callback));
         self
@@ -138,6 +142,20 @@ impl<'a> MultiLockBuilder<'a> {
                 Err(e) => {
                     give_back(guards);
                     return Err(e);
+                }
+            }
+        }
+        // From here on a loss of any name is the whole lock's. Losses before (a name taken
+        // alone while a later one was waited for, then given back and taken again) were
+        // the acquire's own business; a name that was lost and is still part of the lock
+        // makes it lost at once.
+        hub.arm();
+        for (name, guard) in &guards {
+            if let Some(reason) = guard.lost_reason() {
+                if hub.lost(reason) {
+                    if let Some(callback) = &self.on_lost {
+                        callback(name, reason);
+                    }
                 }
             }
         }
@@ -253,7 +271,8 @@ impl<'a> MultiLockBuilder<'a> {
                 }
                 GroupAction::Done(Ok(grants)) => {
                     stats::acquire_ended::<()>(&Ok(()), started.elapsed(), false);
-                    for grant in grants {
+                    let mut grants = grants.into_iter();
+                    while let Some(grant) = grants.next() {
                         let named = &group[grant.index];
                         let guard = LockGuard::taken(
                             shared,
@@ -267,7 +286,18 @@ impl<'a> MultiLockBuilder<'a> {
                         match guard {
                             Ok(guard) => alone[grant.index] = Some(guard),
                             Err(e) => {
-                                // (The guards drop and release what they hold.)
+                                // The guards made drop and release their names; the names
+                                // without a guard yet are withdrawn.
+                                for rest in grants {
+                                    crate::acquire::give_back_in_background(
+                                        server.clone(),
+                                        group[rest.index].keys.clone(),
+                                        Kind::Mutex,
+                                        ttl,
+                                        rest.token,
+                                        Instant::now() + bounds.io,
+                                    );
+                                }
                                 return Err(e);
                             }
                         }
@@ -352,11 +382,22 @@ fn give_back(guards: Vec<(String, LockGuard)>) {
 #[derive(Default)]
 struct LossHub {
     state: Mutex<(Option<LostReason>, Vec<Sender<LostReason>>)>,
+    /// The lock is taken: losses count from now on (see [`LossHub::arm`]).
+    armed: AtomicBool,
 }
 
 impl LossHub {
-    /// Records a loss; `true` for the first.
+    /// Counts the losses from now on: before, while the lock is being taken, a name's loss
+    /// is the acquire's to handle.
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Records a loss; `true` for the first once armed.
     fn lost(&self, reason: LostReason) -> bool {
+        if !self.armed.load(Ordering::SeqCst) {
+            return false;
+        }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if state.0.is_some() {
             return false;

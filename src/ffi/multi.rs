@@ -22,8 +22,9 @@ struct Handles {
     early_loss: Option<(String, LostReason)>,
 }
 
-/// Acquires the locks `names[0..count]` all or none: taken one by one in one global order
-/// (their keys'), so that callers wanting overlapping sets never deadlock, each for
+/// Acquires the locks `names[0..count]` all or none: taken in one global order (by Cluster
+/// slot, then by key), the names one script can reach (one server, one slot) in one step,
+/// so that callers wanting overlapping sets never deadlock, each for
 /// `ttl_ms`, renewed while held unless `opts->renew` is false; when one cannot be taken
 /// (busy when the wait ends, cancelled, an error) those already taken are given back and
 /// nothing is held. `wait_ms` is for the whole: 0 tries each once, `UINT64_MAX` waits as

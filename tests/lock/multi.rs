@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redlease::{Client, ErrorKind, LostReason};
 
@@ -401,4 +401,366 @@ fn names_of_one_cluster_slot_are_taken_in_one_script() {
         .unwrap();
     assert_eq!(all.fencing_tokens().len(), 4);
     all.release().unwrap();
+}
+
+/// A name taken alone while the caller waits for a later one is lost (its key deleted:
+/// eviction, an operator, a failover). The acquire notices (the held name is no longer the
+/// caller's), gives it back and takes it again: the lock it returns is held, and that loss,
+/// the acquire's own business, is told to nobody.
+#[test]
+fn a_name_lost_and_taken_again_while_waiting_leaves_the_lock_taken_held() {
+    let server = RedisServer::start();
+    let client = Arc::new(Client::open(&server.url()).unwrap());
+    let on_a = client.lock("hp:a").try_acquire().unwrap();
+    let on_b = client.lock("hp:b").try_acquire().unwrap();
+    let told = Arc::new(AtomicUsize::new(0));
+    let waiter = {
+        let (client, told) = (client.clone(), told.clone());
+        std::thread::spawn(move || {
+            client
+                .lock_all(&["hp:a", "hp:b"])
+                .ttl(Duration::from_millis(600))
+                .on_lost(move |name, reason| {
+                    eprintln!("on_lost({name}, {reason}) called during the acquire");
+                    told.fetch_add(1, Ordering::SeqCst);
+                })
+                .acquire_timeout(Duration::from_secs(20))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    // hp:a goes to the waiter (taken alone); it then waits for hp:b, holding hp:a.
+    on_a.release().unwrap();
+    assert!(eventually(Duration::from_secs(5), || server
+        .get("hp:a")
+        .is_some()));
+    std::thread::sleep(Duration::from_millis(100));
+    // hp:a's key goes away while the waiter holds it alone: its renewal finds it lost.
+    server.cmd::<i64>(&["DEL", "hp:a"]);
+    std::thread::sleep(Duration::from_millis(800));
+    on_b.release().unwrap();
+    let all = waiter
+        .join()
+        .unwrap()
+        .expect("both names are taken in the end");
+    // The names really are the caller's now ...
+    assert_eq!(
+        server.get("hp:a").as_deref(),
+        Some(all.guard("hp:a").unwrap().token())
+    );
+    assert_eq!(
+        server.get("hp:b").as_deref(),
+        Some(all.guard("hp:b").unwrap().token())
+    );
+    // ... yet the guard says otherwise.
+    let report = format!(
+        "is_held={} lost_reason={:?} on_lost calls={}",
+        all.is_held(),
+        all.lost_reason(),
+        told.load(Ordering::SeqCst)
+    );
+    let released = all.release();
+    assert!(
+        !report.contains("is_held=false") && released.is_ok() && told.load(Ordering::SeqCst) == 0,
+        "a lock just taken is not lost: {report}; release: {released:?}"
+    );
+}
+
+/// lock_all callers over random subsets, mixed with single-name waiters and try-lockers on
+/// the same names: no name ever has two holders, nobody deadlocks.
+#[test]
+fn mixed_group_and_single_callers_never_overlap_nor_deadlock() {
+    use crate::support::Rng;
+    let server = RedisServer::start();
+    let url = server.url();
+    const NAMES: [&str; 4] = ["mx:a", "mx:b", "mx:c", "mx:d"];
+    let inside = Arc::new([
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    ]);
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let mut runs = Vec::new();
+    for t in 0..5u64 {
+        let (url, inside, overlaps, failures) = (
+            url.clone(),
+            inside.clone(),
+            overlaps.clone(),
+            failures.clone(),
+        );
+        runs.push(std::thread::spawn(move || {
+            let client = Client::open(&url).unwrap();
+            let mut rng = Rng::new(t + 7);
+            let deadline = Instant::now() + Duration::from_secs(6);
+            while Instant::now() < deadline {
+                let mut set: Vec<usize> = (0..4).filter(|_| rng.below(2) == 0).collect();
+                if t >= 3 || set.is_empty() {
+                    set = vec![rng.below(4) as usize];
+                }
+                let names: Vec<&str> = set.iter().map(|i| NAMES[*i]).collect();
+                let pause = rng.below(3);
+                let enter = |inside: &[AtomicUsize; 4]| {
+                    for i in &set {
+                        if inside[*i].fetch_add(1, Ordering::SeqCst) != 0 {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(pause));
+                    for i in &set {
+                        inside[*i].fetch_sub(1, Ordering::SeqCst);
+                    }
+                };
+                if t >= 3 {
+                    let r = if rng.below(2) == 0 {
+                        client.lock(names[0]).try_acquire()
+                    } else {
+                        client
+                            .lock(names[0])
+                            .acquire_timeout(Duration::from_millis(500))
+                    };
+                    if let Ok(g) = r {
+                        enter(&inside);
+                        g.release().unwrap();
+                    }
+                } else {
+                    match client
+                        .lock_all(&names)
+                        .ttl(Duration::from_secs(2))
+                        .acquire_timeout(Duration::from_secs(8))
+                    {
+                        Ok(g) => {
+                            enter(&inside);
+                            if let Err(e) = g.release() {
+                                eprintln!("release {names:?}: {e}");
+                                failures.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                        Err(e) => {
+                            eprintln!("lock_all {names:?}: {e}");
+                            failures.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    for run in runs {
+        run.join().unwrap();
+    }
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "two holders of one name"
+    );
+    assert_eq!(
+        failures.load(Ordering::SeqCst),
+        0,
+        "a lock_all that timed out"
+    );
+    for name in NAMES {
+        assert!(server.get(name).is_none(), "{name} left held");
+    }
+}
+
+/// Fencing tokens strictly increase per name across group and single acquires, also for two
+/// names sharing one fencing counter (`ft` and `{ft}`) taken in one script.
+#[test]
+fn fencing_tokens_increase_across_group_and_single_acquires() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let names = ["ft", "{ft}", "ft:b"];
+    let mut last = [0u64; 3];
+    for round in 0..200 {
+        if round % 3 == 0 {
+            for (i, n) in names.iter().enumerate() {
+                let g = client.lock(n).try_acquire().unwrap();
+                assert!(
+                    g.fencing_token() > last[i],
+                    "{n}: {} after {}",
+                    g.fencing_token(),
+                    last[i]
+                );
+                last[i] = g.fencing_token();
+                g.release().unwrap();
+            }
+        } else {
+            let all = client.lock_all(&names).try_acquire().unwrap();
+            let mut seen = std::collections::HashSet::new();
+            for (i, n) in names.iter().enumerate() {
+                let f = all.fencing_token(n).unwrap();
+                assert!(f > last[i], "{n}: {f} after {}", last[i]);
+                if i < 2 {
+                    assert!(
+                        seen.insert(f),
+                        "one token for two names sharing a counter: {f}"
+                    );
+                }
+                last[i] = f;
+            }
+            if round % 7 == 0 {
+                // The counters lost (a restart without persistence).
+                server.cmd::<i64>(&["DEL", "redlease:fence:{ft}", "redlease:fence:{ft:b}"]);
+            }
+            all.release().unwrap();
+        }
+    }
+}
+
+/// The most names, each of the longest key, in one script; then a busy last one.
+#[test]
+fn the_most_names_of_the_longest_keys_in_one_script() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let names: Vec<String> = (0..redlease::MAX_NAMES)
+        .map(|i| format!("{i:04}{}", "x".repeat(1020)))
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let all = client.lock_all(&refs).try_acquire().unwrap();
+    eprintln!("took {} names in {:?}", refs.len(), started.elapsed());
+    assert_eq!(all.fencing_tokens().len(), refs.len());
+    all.release().unwrap();
+    let busy = client.lock(refs[1023]).try_acquire().unwrap();
+    let started = Instant::now();
+    let err = client
+        .lock_all(&refs)
+        .acquire_timeout(Duration::from_millis(500))
+        .unwrap_err();
+    eprintln!("busy after {:?}: {err}", started.elapsed());
+    assert_eq!(err.kind(), ErrorKind::Busy);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    busy.release().unwrap();
+    assert_eq!(
+        server.cmd::<i64>(&["DBSIZE"]) as usize,
+        1024,
+        "only fencing counters left"
+    );
+}
+
+/// The same when the server restarts (no persistence) while the caller holds one name
+/// alone and waits for the next.
+#[test]
+fn a_restart_while_waiting_leaves_the_lock_taken_afterwards_held() {
+    let mut server = RedisServer::start();
+    let client = Arc::new(Client::open(&server.url()).unwrap());
+    let on_a = client.lock("rs:a").try_acquire().unwrap();
+    let on_b = client
+        .lock("rs:b")
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .unwrap();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            client
+                .lock_all(&["rs:a", "rs:b"])
+                .ttl(Duration::from_millis(900))
+                .acquire_timeout(Duration::from_secs(20))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    on_a.release().unwrap();
+    assert!(eventually(Duration::from_secs(5), || server
+        .get("rs:a")
+        .is_some()));
+    std::thread::sleep(Duration::from_millis(100));
+    server.restart();
+    let all = waiter.join().unwrap().expect("both names in the end");
+    drop(on_b);
+    let a = all.guard("rs:a").unwrap().token().to_owned();
+    let b = all.guard("rs:b").unwrap().token().to_owned();
+    assert_eq!(server.get("rs:a"), Some(a), "rs:a is the caller's");
+    assert_eq!(server.get("rs:b"), Some(b), "rs:b is the caller's");
+    assert!(
+        all.is_held() && all.lost_reason().is_none(),
+        "both keys hold the caller's tokens: the lock is held, not lost ({:?})",
+        all.lost_reason()
+    );
+}
+
+/// Cancelled while the group script's reply is held back (the script ran): Cancelled,
+/// and both names are free again soon (withdrawn in the background), not left for the ttl.
+#[test]
+fn a_cancel_while_the_group_reply_is_late_leaves_nothing_held() {
+    use crate::support::proxy::{Action, Proxy};
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = Arc::new(Client::open(&proxy.url()).unwrap());
+    let holder = client.lock("cl:b").try_acquire().unwrap();
+    client
+        .lock_all(&["warm:a", "warm:b"])
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+    let cancel = redlease::CancelToken::new();
+    let waiter = {
+        let (client, cancel) = (client.clone(), cancel.clone());
+        std::thread::spawn(move || {
+            client
+                .lock_all(&["cl:a", "cl:b"])
+                .cancel_token(&cancel)
+                .acquire()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    // The next group script (after cl:b is released and taken alone) answers late.
+    proxy.on_request(b"cl:a", 1, Action::DelayReply(Duration::from_millis(1500)));
+    holder.release().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    cancel.cancel();
+    let started = Instant::now();
+    let err = waiter.join().unwrap().unwrap_err();
+    eprintln!("{err:?} after {:?}", started.elapsed());
+    assert_eq!(err.kind(), ErrorKind::Cancelled);
+    assert!(
+        eventually(Duration::from_secs(5), || server.get("cl:a").is_none()
+            && server.get("cl:b").is_none()),
+        "left held: a={:?} b={:?}",
+        server.get("cl:a"),
+        server.get("cl:b")
+    );
+}
+
+/// On a Cluster the names are taken by slot, then by key (on one server, by key): a caller
+/// that takes single locks in that documented order never waits in a circle with
+/// `lock_all` on the same names, even where the order by key alone is the other way round.
+#[test]
+fn on_a_cluster_callers_following_the_documented_order_never_wait_in_a_circle() {
+    use crate::support::deploy::LocalCluster;
+    let cluster = LocalCluster::start(3, 0);
+    cluster.wait_until_ok(Duration::from_secs(30));
+    // x < y by key, but y's slot is lower: y comes first.
+    let (x, y) = (0..1000)
+        .map(|i| (format!("ord:a{i}"), format!("ord:b{i}")))
+        .find(|(x, y)| redlease::key_slot(y.as_bytes()) < redlease::key_slot(x.as_bytes()))
+        .unwrap();
+    let client = Arc::new(Client::open(&cluster.url()).unwrap());
+    for _ in 0..10 {
+        let group = {
+            let (client, x, y) = (client.clone(), x.clone(), y.clone());
+            std::thread::spawn(move || {
+                client
+                    .lock_all(&[x.as_str(), y.as_str()])
+                    .acquire_timeout(Duration::from_secs(10))
+                    .map(|all| {
+                        std::thread::sleep(Duration::from_millis(5));
+                        all.release()
+                    })
+            })
+        };
+        let first = client
+            .lock(&y)
+            .acquire_timeout(Duration::from_secs(10))
+            .expect("y first, as documented");
+        let second = client
+            .lock(&x)
+            .acquire_timeout(Duration::from_secs(10))
+            .expect("then x: never a circle");
+        std::thread::sleep(Duration::from_millis(5));
+        second.release().unwrap();
+        first.release().unwrap();
+        group.join().unwrap().expect("the group too").unwrap();
+    }
 }

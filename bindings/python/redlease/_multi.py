@@ -1,7 +1,8 @@
 """One lock over several names: :meth:`Client.lock_all` (``lock_acquire_all``).
 
-All or none: the library takes the names in one global order (their keys'), so callers
-wanting overlapping sets never deadlock, and gives back what it took when one cannot be
+All or none: the library takes the names in one global order (by Cluster slot, then by
+key), the names one script can reach (one server, one slot) in one step, so callers wanting
+overlapping sets never deadlock, and gives back what it took when one cannot be
 taken. Each name is an ordinary C handle with its own lease, renewal and fencing token; a
 loss of any name is the loss of the whole lock.
 """
