@@ -9,8 +9,9 @@
 //!   I/O timeout, lost requests and replies, resets, refused connections, paused and
 //!   restarted servers, paused clients, clocks that drift).
 //! - [`client`] and [`threads`]: simulated client processes whose threads acquire, hold,
-//!   extend and release locks of every kind (and Redlock's), running the real protocol
-//!   core with the runtime's policies.
+//!   extend and release locks of every kind (and Redlock's), hand mutexes over to threads
+//!   that adopt them, and take several mutexes at once (`lock_all`), running the real
+//!   protocol core with the runtime's policies.
 //! - [`check`]: the promises, checked at every virtual instant and at the end of a run.
 //! - [`config`]: what a run is made of, drawn from its seed; [`trace`]: what a failing
 //!   run prints.
