@@ -210,6 +210,7 @@ impl<'a> MultiLockBuilder<'a> {
         let mut machine = GroupMachine::new(spec, Box::new(move || token::new_token(&label)));
         let mut alone: Vec<Option<LockGuard>> = group.iter().map(|_| None).collect();
         let started = Instant::now();
+        let mut waited_alone = false;
         let mut event = GroupEvent::Start;
         loop {
             let cancelled = wait != Wait::No && watch.cancelled();
@@ -217,10 +218,12 @@ impl<'a> MultiLockBuilder<'a> {
                 GroupAction::Attempt { tokens, held } => {
                     let now = Instant::now();
                     let exec = Exec::new(Lane::Caller(now + bounds.pool_wait), bounds.io);
+                    // As a waiter's attempts: refused for now, tried again until the wait ends.
                     let exec = match wait {
                         Wait::No => exec,
-                        Wait::Until(until) => exec.retry_until(Some(until)).watch(&watch),
-                        Wait::Forever => exec.watch(&watch),
+                        Wait::Until(_) | Wait::Forever => {
+                            exec.retry_until(wait.deadline(now)).watch(&watch)
+                        }
                     };
                     let request = GroupRequest {
                         keys: &keys,
@@ -255,6 +258,7 @@ impl<'a> MultiLockBuilder<'a> {
                     GroupEvent::Released
                 }
                 GroupAction::WaitFor(i) => {
+                    waited_alone = true;
                     let waited = take_one(self.single(&group[i], hub), wait);
                     GroupEvent::Waited(
                         i,
@@ -266,11 +270,11 @@ impl<'a> MultiLockBuilder<'a> {
                     )
                 }
                 GroupAction::Done(Err(e)) => {
-                    stats::acquire_ended::<()>(&Err(e.clone()), started.elapsed(), false);
+                    stats::acquire_ended::<()>(&Err(e.clone()), started.elapsed(), waited_alone);
                     return Err(e);
                 }
                 GroupAction::Done(Ok(grants)) => {
-                    stats::acquire_ended::<()>(&Ok(()), started.elapsed(), false);
+                    stats::acquire_ended::<()>(&Ok(()), started.elapsed(), waited_alone);
                     let mut grants = grants.into_iter();
                     while let Some(grant) = grants.next() {
                         let named = &group[grant.index];

@@ -159,12 +159,12 @@ impl Backend {
         })
     }
 
-    /// The URL with its password hidden.
     /// Whether this is a Redis Cluster (a script's keys must share a slot).
     pub fn is_cluster(&self) -> bool {
         matches!(self.deployment, Deployment::Cluster(_))
     }
 
+    /// The URL with its password hidden.
     pub fn describe(&self) -> &str {
         &self.describe
     }
