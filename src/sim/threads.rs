@@ -631,7 +631,7 @@ impl World {
                 }
             }
             Op::Adopting(adopting) if Self::answers(&adopting.request, id) => {
-                self.adopt_answered(client, task, *adopting, answer)
+                self.adopt_answered(client, task, *adopting, times.first().copied(), answer)
             }
             Op::Grouping(group) if group.pending.as_ref().is_some_and(|(r, _)| *r == id) => {
                 self.group_answered(client, task, group, times, answer)
@@ -713,12 +713,14 @@ impl World {
     }
 
     /// An adopt's check answered: a lease of its own under the token, counted from the
-    /// send, when the key held it.
+    /// send, when the key held it. `ran_at`: when the server ran the check (the key held
+    /// the token then: a server's data lost after it may have been this lease's).
     fn adopt_answered(
         &mut self,
         client: usize,
         task: TaskId,
         adopting: Adopting,
+        ran_at: Option<Micros>,
         answer: Answered,
     ) {
         self.check.ops += 1;
@@ -751,7 +753,7 @@ impl World {
             fencing,
             renew: adopting.renew,
             holds: vec![adopting.token.clone()],
-            granted_at: self.now,
+            granted_at: ran_at.unwrap_or(self.now),
             gate_busy: false,
             gate_closed: false,
             gate_waiters: Vec::new(),
