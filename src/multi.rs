@@ -123,6 +123,8 @@ impl<'a> MultiLockBuilder<'a> {
         };
         let hub = Arc::new(LossHub::default());
         let mut guards: Vec<(String, LockGuard)> = Vec::with_capacity(order.len());
+        // Per guard: whether its loss is the lock's (set once the lock is taken).
+        let mut lives: Vec<Live> = Vec::with_capacity(order.len());
         let mut rest = &order[..];
         while let Some(first) = rest.first() {
             // The run of names of the first one's group (a name of no group goes alone).
@@ -133,24 +135,30 @@ impl<'a> MultiLockBuilder<'a> {
             let (group, after) = rest.split_at(len);
             rest = after;
             let taken = if let [one] = group {
-                take_one(self.single(one, &hub), wait).map(|g| vec![(one.name.clone(), g)])
+                let (builder, live) = self.single(one, &hub);
+                take_one(builder, wait).map(|g| vec![(one.name.clone(), g, live)])
             } else {
                 self.take_group(group, ttl, wait, &hub)
             };
             match taken {
-                Ok(taken) => guards.extend(taken),
+                Ok(taken) => {
+                    for (name, guard, live) in taken {
+                        guards.push((name, guard));
+                        lives.push(live);
+                    }
+                }
                 Err(e) => {
                     give_back(guards);
                     return Err(e);
                 }
             }
         }
-        // From here on a loss of any name is the whole lock's. Losses before (a name taken
-        // alone while a later one was waited for, then given back and taken again) were
-        // the acquire's own business; a name that was lost and is still part of the lock
-        // makes it lost at once.
-        hub.arm();
-        for (name, guard) in &guards {
+        // From here on a loss of any of these guards is the whole lock's. Losses before,
+        // and any of a guard given back on the way (a name taken alone while a later one
+        // was waited for), were the acquire's own business; a guard that was lost and is
+        // still part of the lock makes it lost at once.
+        for ((name, guard), live) in guards.iter().zip(&lives) {
+            live.store(true, Ordering::SeqCst);
             if let Some(reason) = guard.lost_reason() {
                 if hub.lost(reason) {
                     if let Some(callback) = &self.on_lost {
@@ -162,8 +170,8 @@ impl<'a> MultiLockBuilder<'a> {
         Ok(MultiGuard { guards, hub })
     }
 
-    /// The ordinary lock of one of the names, its loss told to `hub`.
-    fn single<'b>(&'b self, name: &'b Named, hub: &Arc<LossHub>) -> LockBuilder<'b> {
+    /// The ordinary lock of one of the names, its loss told to `hub` once it is live.
+    fn single<'b>(&'b self, name: &'b Named, hub: &Arc<LossHub>) -> (LockBuilder<'b>, Live) {
         let mut builder = LockBuilder::new(self.shared, &name.name).renew(self.renew);
         if let Some(ttl) = self.ttl {
             builder = builder.ttl(ttl);
@@ -171,20 +179,24 @@ impl<'a> MultiLockBuilder<'a> {
         if let Some(cancel) = &self.cancel {
             builder = builder.cancel_token(cancel);
         }
-        let on_lost = self.telling(&name.name, hub);
-        builder.on_lost(move |reason| on_lost(reason))
+        let (on_lost, live) = self.telling(&name.name, hub);
+        (builder.on_lost(move |reason| on_lost(reason)), live)
     }
 
-    /// The callback that tells `hub`, and the caller's callback with `name` when first.
-    fn telling(&self, name: &str, hub: &Arc<LossHub>) -> LostCallback {
+    /// The callback that tells `hub`, and the caller's callback with `name` when first,
+    /// once its flag is set (the guard is part of the lock taken).
+    fn telling(&self, name: &str, hub: &Arc<LossHub>) -> (LostCallback, Live) {
         let (name, hub, callback) = (name.to_owned(), hub.clone(), self.on_lost.clone());
-        Arc::new(move |reason| {
-            if hub.lost(reason) {
+        let live = Live::default();
+        let flag = live.clone();
+        let telling: LostCallback = Arc::new(move |reason| {
+            if flag.load(Ordering::SeqCst) && hub.lost(reason) {
                 if let Some(callback) = &callback {
                     callback(&name, reason);
                 }
             }
-        })
+        });
+        (telling, live)
     }
 
     /// Takes the names of one group (one server, or one Cluster slot) all at once, in one
@@ -195,7 +207,7 @@ impl<'a> MultiLockBuilder<'a> {
         ttl: Duration,
         wait: Wait,
         hub: &Arc<LossHub>,
-    ) -> Result<Vec<(String, LockGuard)>> {
+    ) -> Result<Vec<(String, LockGuard, Live)>> {
         let shared = self.shared;
         let server = &shared.server;
         let bounds = server.bounds();
@@ -205,12 +217,14 @@ impl<'a> MultiLockBuilder<'a> {
             keys: keys.iter().map(|k| k.lock.clone()).collect(),
             wait,
             io: bounds.io,
+            grace: crate::core::backoff::grace(bounds.io),
         };
         let label = shared.owner_label.clone();
         let mut machine = GroupMachine::new(spec, Box::new(move || token::new_token(&label)));
-        let mut alone: Vec<Option<LockGuard>> = group.iter().map(|_| None).collect();
+        let mut alone: Vec<Option<(LockGuard, Live)>> = group.iter().map(|_| None).collect();
         let started = Instant::now();
-        let mut waited_alone = false;
+        // A failure the ordinary acquire of a wait alone ended with is counted (stats) there.
+        let mut counted = false;
         let mut event = GroupEvent::Start;
         loop {
             let cancelled = wait != Wait::No && watch.cancelled();
@@ -249,7 +263,7 @@ impl<'a> MultiLockBuilder<'a> {
                 }
                 GroupAction::Release(names) => {
                     for i in names {
-                        if let Some(guard) = alone[i].take() {
+                        if let Some((guard, _)) = alone[i].take() {
                             if let Err(e) = guard.release() {
                                 log::debug!("giving back {:?} taken alone: {e}", group[i].name);
                             }
@@ -257,27 +271,35 @@ impl<'a> MultiLockBuilder<'a> {
                     }
                     GroupEvent::Released
                 }
+                GroupAction::Pause { until } => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    GroupEvent::Paused(crate::connection::pause(left, &watch))
+                }
                 GroupAction::WaitFor(i) => {
-                    waited_alone = true;
-                    let waited = take_one(self.single(&group[i], hub), wait);
+                    let (builder, live) = self.single(&group[i], hub);
+                    let waited = take_one(builder, wait);
+                    counted = waited.is_err();
                     GroupEvent::Waited(
                         i,
                         waited.map(|guard| {
                             let token = guard.token().to_owned();
-                            alone[i] = Some(guard);
+                            alone[i] = Some((guard, live));
                             token
                         }),
                     )
                 }
                 GroupAction::Done(Err(e)) => {
-                    stats::acquire_ended::<()>(&Err(e.clone()), started.elapsed(), waited_alone);
+                    if !counted {
+                        stats::acquire_ended::<()>(&Err(e.clone()), started.elapsed(), false);
+                    }
                     return Err(e);
                 }
                 GroupAction::Done(Ok(grants)) => {
-                    stats::acquire_ended::<()>(&Ok(()), started.elapsed(), waited_alone);
+                    let taken_here = grants.len();
                     let mut grants = grants.into_iter();
                     while let Some(grant) = grants.next() {
                         let named = &group[grant.index];
+                        let (on_lost, live) = self.telling(&named.name, hub);
                         let guard = LockGuard::taken(
                             shared,
                             named.keys.clone(),
@@ -285,10 +307,10 @@ impl<'a> MultiLockBuilder<'a> {
                             grant.granted,
                             ttl,
                             self.renew,
-                            Some(self.telling(&named.name, hub)),
+                            Some(on_lost),
                         );
                         match guard {
-                            Ok(guard) => alone[grant.index] = Some(guard),
+                            Ok(guard) => alone[grant.index] = Some((guard, live)),
                             Err(e) => {
                                 // The guards made drop and release their names; the names
                                 // without a guard yet are withdrawn.
@@ -306,10 +328,15 @@ impl<'a> MultiLockBuilder<'a> {
                             }
                         }
                     }
+                    // One acquisition per name the script took (those taken alone were
+                    // counted by their own acquires).
+                    for _ in 0..taken_here {
+                        stats::acquire_ended::<()>(&Ok(()), started.elapsed(), false);
+                    }
                     let mut taken = Vec::with_capacity(group.len());
-                    for (named, guard) in group.iter().zip(alone) {
-                        match guard {
-                            Some(guard) => taken.push((named.name.clone(), guard)),
+                    for (named, held) in group.iter().zip(alone) {
+                        match held {
+                            Some((guard, live)) => taken.push((named.name.clone(), guard, live)),
                             None => {
                                 return Err(Error::new(
                                     ErrorKind::Server,
@@ -355,6 +382,10 @@ impl<'a> MultiLockBuilder<'a> {
     }
 }
 
+/// Whether a guard's loss is its lock's: set once the lock is taken, never for a guard
+/// given back while it was being taken.
+type Live = Arc<AtomicBool>;
+
 /// One of the names, with its keys and group.
 struct Named {
     name: String,
@@ -386,22 +417,11 @@ fn give_back(guards: Vec<(String, LockGuard)>) {
 #[derive(Default)]
 struct LossHub {
     state: Mutex<(Option<LostReason>, Vec<Sender<LostReason>>)>,
-    /// The lock is taken: losses count from now on (see [`LossHub::arm`]).
-    armed: AtomicBool,
 }
 
 impl LossHub {
-    /// Counts the losses from now on: before, while the lock is being taken, a name's loss
-    /// is the acquire's to handle.
-    fn arm(&self) {
-        self.armed.store(true, Ordering::SeqCst);
-    }
-
-    /// Records a loss; `true` for the first once armed.
+    /// Records a loss; `true` for the first.
     fn lost(&self, reason: LostReason) -> bool {
-        if !self.armed.load(Ordering::SeqCst) {
-            return false;
-        }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if state.0.is_some() {
             return false;

@@ -20,6 +20,11 @@
 //!   attempt whose outcome is unknown is given back in the background (what it may have
 //!   taken lapses after its lease if that give-back is lost too).
 //! - Once the wait is over, no new wait starts: a busy name ends the acquire.
+//! - A waiting caller rides out failures as an ordinary waiter does: a refusal that passes
+//!   (a slot moving, `LOADING`, `CLUSTERDOWN`) until its wait ends, a connection reset, a
+//!   restart or a timeout while such failures last no longer than its grace; each time
+//!   after a short pause, under fresh tokens, an attempt of unknown outcome withdrawn
+//!   first.
 
 use std::time::{Duration, Instant};
 
@@ -36,7 +41,13 @@ pub(crate) struct GroupSpec {
     pub wait: Wait,
     /// The longest wait for one reply: a background give-back's bound.
     pub io: Duration,
+    /// How long a waiting caller tries again while Redis cannot be reached
+    /// ([`crate::core::backoff::grace`]).
+    pub grace: Duration,
 }
+
+/// Pause before a waiting caller tries again after a failure (as the acquire machine's).
+const RECOVERY_PAUSE: Duration = Duration::from_millis(100);
 
 /// A name the last attempt took: its index in the group, its token and its grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +79,8 @@ pub(crate) enum GroupAction {
     /// Take name `i` alone with the ordinary acquire, waiting as the caller asked; answer
     /// with [`GroupEvent::Waited`] and the token it holds.
     WaitFor(usize),
+    /// Sleep until `until` (cancellable), then answer with [`GroupEvent::Paused`].
+    Pause { until: Instant },
     /// The acquire is over: the names the last attempt took (with the ones held already,
     /// every name is the caller's), or why it failed (nothing held).
     Done(Result<Vec<GroupGrant>>),
@@ -81,6 +94,8 @@ pub(crate) enum GroupEvent {
     GaveBack,
     Released,
     Waited(usize, Result<String>),
+    /// A pause ended (`Err`: cancelled).
+    Paused(Result<()>),
 }
 
 /// After a release or a give-back: what comes next.
@@ -88,6 +103,8 @@ pub(crate) enum GroupEvent {
 enum Then {
     WaitFor(usize),
     Fail(Error),
+    /// Pause, then attempt again.
+    Retry,
 }
 
 /// One group acquire in progress. See the module documentation.
@@ -99,6 +116,8 @@ pub(crate) struct GroupMachine {
     /// The tokens of the attempt in flight.
     sent: Vec<String>,
     then: Option<Then>,
+    /// Since when requests have failed to reach Redis (a reply clears it).
+    failing_since: Option<Instant>,
 }
 
 impl GroupMachine {
@@ -111,6 +130,7 @@ impl GroupMachine {
             held: vec![None; n],
             sent: Vec::new(),
             then: None,
+            failing_since: None,
         }
     }
 
@@ -121,30 +141,38 @@ impl GroupMachine {
             GroupEvent::Start => self.attempt(),
             GroupEvent::Attempted(Ok(answer)) => self.answered(answer, now, cancelled),
             GroupEvent::Attempted(Err(error)) => {
+                let then = if self.retries(&error, now, cancelled) {
+                    Then::Retry
+                } else {
+                    Then::Fail(error.clone())
+                };
                 if error.outcome_unknown() {
                     let tokens = std::mem::take(&mut self.sent)
                         .into_iter()
                         .enumerate()
                         .filter(|(i, _)| self.held[*i].is_none())
                         .collect();
-                    self.then = Some(Then::Fail(error));
+                    self.then = Some(then);
                     return GroupAction::GiveBack {
                         tokens,
                         cutoff: now + self.spec.io,
                     };
                 }
-                self.fail(error)
+                self.after(then, now)
             }
-            GroupEvent::GaveBack => match self.then.take() {
+            GroupEvent::GaveBack | GroupEvent::Released => match self.then.take() {
+                Some(Then::WaitFor(i)) => GroupAction::WaitFor(i),
                 Some(Then::Fail(error)) => self.fail(error),
-                Some(Then::WaitFor(i)) => GroupAction::WaitFor(i),
+                Some(Then::Retry) => self.pause(now),
                 None => self.attempt(),
             },
-            GroupEvent::Released => match self.then.take() {
-                Some(Then::WaitFor(i)) => GroupAction::WaitFor(i),
-                Some(Then::Fail(error)) => GroupAction::Done(Err(error)),
-                None => self.attempt(),
-            },
+            GroupEvent::Paused(Err(error)) => self.fail(error),
+            GroupEvent::Paused(Ok(())) => {
+                if cancelled {
+                    return self.fail(cancelled_error());
+                }
+                self.attempt()
+            }
             GroupEvent::Waited(i, Ok(token)) => {
                 if let Some(slot) = self.held.get_mut(i) {
                     *slot = Some(token);
@@ -155,6 +183,44 @@ impl GroupMachine {
                 self.attempt()
             }
             GroupEvent::Waited(_, Err(error)) => self.fail(error),
+        }
+    }
+
+    /// Whether a waiting caller tries again after `error` (see the module documentation).
+    fn retries(&mut self, error: &Error, now: Instant, cancelled: bool) -> bool {
+        let time_left = match self.spec.wait {
+            Wait::No => false,
+            Wait::Until(deadline) => now < deadline,
+            Wait::Forever => true,
+        };
+        if cancelled || error.is_cancelled() || !time_left {
+            return false;
+        }
+        if error.refused_for_now() {
+            // Refused, so reachable: an unreachable spell is counted afresh.
+            self.failing_since = None;
+            return true;
+        }
+        if error.is_unreachable() {
+            let since = *self.failing_since.get_or_insert(now);
+            return now.duration_since(since) <= self.spec.grace;
+        }
+        false
+    }
+
+    fn after(&mut self, then: Then, now: Instant) -> GroupAction {
+        match then {
+            Then::Retry => self.pause(now),
+            Then::Fail(error) => self.fail(error),
+            Then::WaitFor(i) => GroupAction::WaitFor(i),
+        }
+    }
+
+    /// A short pause before the next attempt, never past the end of the wait.
+    fn pause(&mut self, now: Instant) -> GroupAction {
+        let left = self.spec.wait.left(now).unwrap_or(RECOVERY_PAUSE);
+        GroupAction::Pause {
+            until: now + RECOVERY_PAUSE.min(left),
         }
     }
 
@@ -179,6 +245,7 @@ impl GroupMachine {
         cancelled: bool,
     ) -> GroupAction {
         let sent = std::mem::take(&mut self.sent);
+        self.failing_since = None;
         match answer.reply {
             GroupReply::Taken { grants, .. } => {
                 let taken = grants
@@ -270,6 +337,7 @@ mod tests {
                 keys: (0..n).map(|i| format!("k{i}")).collect(),
                 wait,
                 io: Duration::from_secs(1),
+                grace: Duration::from_millis(1500),
             },
             Box::new(move || {
                 next += 1;
@@ -423,7 +491,8 @@ mod tests {
         m.step(GroupEvent::Start, now, false);
         m.step(answer(busy(1), now), now, false);
         m.step(GroupEvent::Waited(1, Ok("w1".into())), now, false);
-        let lost = Error::new(ErrorKind::Timeout, "no reply").sent();
+        // A server error whose reply was lost (not one a waiter rides out).
+        let lost = Error::new(ErrorKind::Server, "ERR something").sent();
         match m.step(GroupEvent::Attempted(Err(lost)), now, false) {
             GroupAction::GiveBack { tokens, cutoff } => {
                 assert_eq!(tokens, [(0, "t4".to_owned()), (2, "t5".to_owned())]);
@@ -438,6 +507,76 @@ mod tests {
         ));
         match m.step(GroupEvent::Released, now, false) {
             GroupAction::Done(Err(e)) => assert!(e.outcome_unknown()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_waiter_rides_out_resets_within_its_grace_and_refusals_until_its_wait_ends() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut m = machine(2, Wait::Until(t0 + Duration::from_secs(10)));
+        m.step(GroupEvent::Start, t0, false);
+        // A reset after the request was written: withdrawn, a pause, fresh tokens.
+        let reset = Error::new(ErrorKind::Connection, "reset").sent();
+        assert!(matches!(
+            m.step(GroupEvent::Attempted(Err(reset)), t0, false),
+            GroupAction::GiveBack { .. }
+        ));
+        match m.step(GroupEvent::GaveBack, t0, false) {
+            GroupAction::Pause { until } => assert_eq!(until, t0 + ms(100)),
+            other => panic!("{other:?}"),
+        }
+        let GroupAction::Attempt { tokens, .. } =
+            m.step(GroupEvent::Paused(Ok(())), t0 + ms(100), false)
+        else {
+            panic!("no attempt");
+        };
+        assert_eq!(tokens, ["t3", "t4"]);
+        // Refused for now (a slot moving): nothing to withdraw, a pause; and the refusal
+        // shows Redis reachable, so the unreachable spell starts afresh.
+        let refused = Error::new(ErrorKind::Server, "TRYAGAIN").refused();
+        assert!(matches!(
+            m.step(GroupEvent::Attempted(Err(refused)), t0 + ms(200), false),
+            GroupAction::Pause { .. }
+        ));
+        m.step(GroupEvent::Paused(Ok(())), t0 + ms(300), false);
+        // Unreachable from 1 s on: tried again up to the grace (1.5 s), then given up.
+        let down = || Error::new(ErrorKind::Connection, "refused");
+        let t1 = t0 + Duration::from_secs(1);
+        assert!(matches!(
+            m.step(GroupEvent::Attempted(Err(down())), t1, false),
+            GroupAction::Pause { .. }
+        ));
+        m.step(GroupEvent::Paused(Ok(())), t1 + ms(100), false);
+        assert!(matches!(
+            m.step(GroupEvent::Attempted(Err(down())), t1 + ms(1400), false),
+            GroupAction::Pause { .. }
+        ));
+        m.step(GroupEvent::Paused(Ok(())), t1 + ms(1500), false);
+        match m.step(GroupEvent::Attempted(Err(down())), t1 + ms(1600), false) {
+            GroupAction::Done(Err(e)) => assert_eq!(e.kind(), ErrorKind::Connection),
+            other => panic!("{other:?}"),
+        }
+        // A try does not ride anything out.
+        let mut m = machine(2, Wait::No);
+        m.step(GroupEvent::Start, t0, false);
+        match m.step(GroupEvent::Attempted(Err(down())), t0, false) {
+            GroupAction::Done(Err(e)) => assert_eq!(e.kind(), ErrorKind::Connection),
+            other => panic!("{other:?}"),
+        }
+        // Nor does a waiter whose wait is over, nor a cancelled one.
+        let mut m = machine(2, Wait::Until(t0));
+        m.step(GroupEvent::Start, t0, false);
+        assert!(matches!(
+            m.step(GroupEvent::Attempted(Err(down())), t0, false),
+            GroupAction::Done(Err(_))
+        ));
+        let mut m = machine(2, Wait::Forever);
+        m.step(GroupEvent::Start, t0, false);
+        m.step(GroupEvent::Attempted(Err(down())), t0, false);
+        match m.step(GroupEvent::Paused(Ok(())), t0 + ms(100), true) {
+            GroupAction::Done(Err(e)) => assert_eq!(e.kind(), ErrorKind::Cancelled),
             other => panic!("{other:?}"),
         }
     }

@@ -108,6 +108,8 @@ pub(crate) struct Grouping {
     pub waiting_for: usize,
     /// When the server ran the last group attempt answered.
     pub ran_at: Micros,
+    /// Pausing after a failure, until its wake.
+    pub sleeping: bool,
     pub cancelled: bool,
 }
 

@@ -90,6 +90,7 @@ impl World {
         match std::mem::replace(self.op(client, task), Op::Idle) {
             Op::Idle => self.start_op(client, task),
             Op::Holding(holding) => self.hold_ends(client, task, holding),
+            Op::Grouping(group) if group.sleeping => self.group_wakes(client, task, group),
             Op::Acquiring(mut acq) if matches!(acq.pending, Pending::Sleep) => {
                 acq.pending = Pending::Nothing;
                 self.step(client, task, acq, Event::Paused(Ok(())));

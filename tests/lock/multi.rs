@@ -770,3 +770,125 @@ fn on_a_cluster_callers_following_the_documented_order_never_wait_in_a_circle() 
         group.join().unwrap().expect("the group too").unwrap();
     }
 }
+
+/// `stats()` counts one acquisition per name a lock over several names takes, and one
+/// failure per failed lock: a failure of a wait for one name alone is not counted twice.
+/// Runs in a process of its own (this test binary, this test only), where no other test
+/// moves the process-wide counters, so the counts are exact.
+#[test]
+fn stats_count_one_acquisition_per_name_and_each_failure_once() {
+    const CHILD: &str = "REDLEASE_MULTI_STATS_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "multi::stats_count_one_acquisition_per_name_and_each_failure_once",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+
+    let before = redlease::stats();
+    let all = client
+        .lock_all(&["sx:a", "sx:b", "sx:c"])
+        .try_acquire()
+        .unwrap();
+    let d = redlease::stats().since(&before);
+    assert_eq!((d.acquisitions, d.busy, d.waits), (3, 0, 0), "{d:?}");
+    all.release().unwrap();
+
+    // Busy at the end of a wait for one name alone: one busy end, one wait.
+    let holder = client.lock("sx:b").try_acquire().unwrap();
+    let before = redlease::stats();
+    let err = client
+        .lock_all(&["sx:a", "sx:b"])
+        .acquire_timeout(Duration::from_millis(300))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Busy);
+    let d = redlease::stats().since(&before);
+    assert_eq!((d.acquisitions, d.busy, d.waits), (0, 1, 1), "{d:?}");
+
+    // A try that finds a name busy: one busy end.
+    let before = redlease::stats();
+    client
+        .lock_all(&["sx:a", "sx:b"])
+        .try_acquire()
+        .unwrap_err();
+    let d = redlease::stats().since(&before);
+    assert_eq!((d.acquisitions, d.busy), (0, 1), "{d:?}");
+
+    // A wait that gets sx:b alone, then both: one acquisition per name.
+    let before = redlease::stats();
+    let waiting = std::thread::spawn({
+        let url = server.url();
+        move || {
+            let c = Client::open(&url).unwrap();
+            c.lock_all(&["sx:a", "sx:b"])
+                .acquire_timeout(Duration::from_secs(5))
+                .unwrap()
+                .release()
+                .unwrap();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    holder.release().unwrap();
+    waiting.join().unwrap();
+    let d = redlease::stats().since(&before);
+    assert_eq!((d.acquisitions, d.busy), (2, 0), "{d:?}");
+}
+
+/// A waiting lock over several names rides out what an ordinary waiter rides out: a reset
+/// before its script ran, and a reply lost after it ran (withdrawn, then taken again under
+/// fresh tokens).
+#[test]
+fn a_waiting_lock_all_rides_out_a_reset_and_a_lost_reply() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = Client::open(&proxy.url()).unwrap();
+    client
+        .lock_all(&["rr:warm", "rr:warm2"])
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+    proxy.on_request(b"rr:a", 1, Action::ResetBeforeRequest);
+    let all = client
+        .lock_all(&["rr:a", "rr:b"])
+        .acquire_timeout(Duration::from_secs(5))
+        .expect("one reset is ridden out");
+    all.release().unwrap();
+    proxy.on_request(b"rr:a", 1, Action::ResetBeforeReply);
+    let all = client
+        .lock_all(&["rr:a", "rr:b"])
+        .acquire()
+        .expect("one lost reply is ridden out");
+    for name in ["rr:a", "rr:b"] {
+        assert_eq!(
+            server.get(name).as_deref(),
+            Some(all.guard(name).unwrap().token()),
+            "{name} holds the token of the attempt that answered"
+        );
+    }
+    all.release().unwrap();
+    // A try rides nothing out.
+    proxy.on_request(b"rr:a", 1, Action::ResetBeforeRequest);
+    assert!(
+        client
+            .lock_all(&["rr:a", "rr:b"])
+            .try_acquire()
+            .unwrap_err()
+            .is_unreachable()
+    );
+}

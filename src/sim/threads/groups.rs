@@ -80,6 +80,7 @@ impl World {
             keys: names.iter().map(|n| self.keys(*n).lock).collect(),
             wait,
             io: self.cfg.io_timeout,
+            grace: self.grace(),
         };
         self.trace.line(self.now, || {
             format!(
@@ -99,6 +100,7 @@ impl World {
             pending: None,
             waiting_for: 0,
             ran_at: 0,
+            sleeping: false,
             cancelled: false,
         });
         self.group_step(client, task, group, GroupEvent::Start);
@@ -155,6 +157,13 @@ impl World {
                         }
                     }
                     GroupEvent::Released
+                }
+                GroupAction::Pause { until } => {
+                    group.sleeping = true;
+                    let at = self.virtual_at(client, until);
+                    self.at(at, WorldEvent::Wake { client, task });
+                    *self.op(client, task) = Op::Grouping(group);
+                    return;
                 }
                 GroupAction::WaitFor(i) => return self.wait_alone(client, task, group, i),
                 GroupAction::Done(result) => return self.group_done(client, task, group, result),
@@ -235,6 +244,12 @@ impl World {
             Err(e) => GroupEvent::Waited(i, Err(e)),
         };
         self.group_step(client, task, group, event);
+    }
+
+    /// A group's pause after a failure ended.
+    pub(super) fn group_wakes(&mut self, client: usize, task: TaskId, mut group: Box<Grouping>) {
+        group.sleeping = false;
+        self.group_step(client, task, group, GroupEvent::Paused(Ok(())));
     }
 
     /// The caller of a waiting group cancels it: the machine sees it at its next step (a
