@@ -159,6 +159,9 @@ impl World {
                     GroupEvent::Released
                 }
                 GroupAction::Pause { until } => {
+                    self.trace.line(self.now, || {
+                        format!("c{client}/t{task} pauses its group after a failure")
+                    });
                     group.sleeping = true;
                     let at = self.virtual_at(client, until);
                     self.at(at, WorldEvent::Wake { client, task });
