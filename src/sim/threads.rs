@@ -206,24 +206,9 @@ impl World {
             bounds: self.bounds(),
             replicas: wait_time(replicas),
         };
-        let first = self.clients[client].token();
-        let label = format!("c{client}");
-        let mut drawn = 0u64;
-        let mut first = Some(first);
         let stream = self.rng.u64(..) % 1_000_000;
-        let tokens = Box::new(move || {
-            if let Some(first) = first.take() {
-                return first;
-            }
-            drawn += 1;
-            format!("{label}-r{stream}.{drawn}")
-        });
-        let machine = AcquireMachine::new(
-            spec.clone(),
-            now,
-            tokens,
-            fastrand::Rng::with_seed(self.rng.u64(..)),
-        );
+        let seed = self.rng.u64(..);
+        let machine = self.acquire_machine(client, &spec, now, stream, seed);
         self.trace.line(self.now, || {
             format!(
                 "c{client}/t{task} acquires {:?} as {kind:?} for {ttl:?}, {wait:?}, renew {renew}",
@@ -248,6 +233,29 @@ impl World {
             group: None,
         });
         self.step(client, task, acq, Event::Start);
+    }
+
+    /// An acquire's machine for `spec`: its first token is the client's next, the ones
+    /// after a give-back come from the token stream `stream`; its jitter from `seed`.
+    fn acquire_machine(
+        &mut self,
+        client: usize,
+        spec: &AcquireSpec,
+        now: Instant,
+        stream: u64,
+        seed: u64,
+    ) -> AcquireMachine {
+        let label = format!("c{client}");
+        let mut first = Some(self.clients[client].token());
+        let mut drawn = 0u64;
+        let tokens = Box::new(move || {
+            if let Some(first) = first.take() {
+                return first;
+            }
+            drawn += 1;
+            format!("{label}-r{stream}.{drawn}")
+        });
+        AcquireMachine::new(spec.clone(), now, tokens, fastrand::Rng::with_seed(seed))
     }
 
     /// Steps an acquire's machine with `event` and carries out what it decides.

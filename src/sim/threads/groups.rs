@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crate::core::acquire::{AcquireMachine, AcquireSpec, Event};
+use crate::core::acquire::{AcquireSpec, Event};
 use crate::core::backoff::Wait;
 use crate::core::group::{GroupAction, GroupEvent, GroupGrant, GroupMachine, GroupSpec};
 use crate::core::lease::LeaseClock;
@@ -137,16 +137,7 @@ impl World {
                 GroupAction::GiveBack { tokens, cutoff } => {
                     for (i, token) in tokens {
                         let keys = self.keys(group.names[i]);
-                        let commands =
-                            vec![self.release_args(client, &Kind::Mutex, &keys, &token, true)];
-                        let deadline = self.reply_deadline(client, None, Some(cutoff));
-                        self.send(
-                            client,
-                            Purpose::Background,
-                            self.primary,
-                            commands,
-                            deadline,
-                        );
+                        self.release_unwatched(client, &keys, &token, true, Some(cutoff));
                     }
                     GroupEvent::GaveBack
                 }
@@ -188,24 +179,9 @@ impl World {
             bounds: self.bounds(),
             replicas: Duration::ZERO,
         };
-        let first = self.clients[client].token();
-        let label = format!("c{client}");
         let stream = self.group_rng.u64(..) % 1_000_000;
-        let mut drawn = 0u64;
-        let mut first = Some(first);
-        let tokens = Box::new(move || {
-            if let Some(first) = first.take() {
-                return first;
-            }
-            drawn += 1;
-            format!("{label}-r{stream}.{drawn}")
-        });
-        let machine = AcquireMachine::new(
-            spec.clone(),
-            now,
-            tokens,
-            fastrand::Rng::with_seed(self.group_rng.u64(..)),
-        );
+        let seed = self.group_rng.u64(..);
+        let machine = self.acquire_machine(client, &spec, now, stream, seed);
         self.trace.line(self.now, || {
             format!(
                 "c{client}/t{task} waits for {:?} alone, for its group",
@@ -409,14 +385,27 @@ impl World {
         l.gate_closed = true;
         l.clock.mark_released();
         let (keys, token) = (l.keys.clone(), l.token.clone());
-        let commands = vec![self.release_args(client, &Kind::Mutex, &keys, &token, false)];
-        let deadline = self.reply_deadline(client, None, None);
         self.trace.line(self.now, || {
             format!(
                 "c{client} gives back lease {lease} ({}) in the background",
                 short(&token)
             )
         });
+        self.release_unwatched(client, &keys, &token, false, None);
+    }
+
+    /// Sends a mutex's release (a withdrawal when `withdraw`) of `token` that nobody waits
+    /// for, nothing past `cutoff`.
+    fn release_unwatched(
+        &mut self,
+        client: usize,
+        keys: &LockKeys,
+        token: &str,
+        withdraw: bool,
+        cutoff: Option<std::time::Instant>,
+    ) {
+        let commands = vec![self.release_args(client, &Kind::Mutex, keys, token, withdraw)];
+        let deadline = self.reply_deadline(client, None, cutoff);
         self.send(
             client,
             Purpose::Background,
