@@ -35,6 +35,9 @@ use crate::sim::world::World;
 /// How many seeds the test command runs.
 const FIXED_SEEDS: u64 = 200;
 
+/// How many more seeds, each with threads taking several mutexes at once, it runs.
+const GROUP_SEEDS: usize = 500;
+
 /// Seeds that once found a defect (kept as tests): 124, an extend to a shorter ttl whose
 /// reply was lost left its holder counting on the old lease while a reader came in; 1045,
 /// a Redlock acquire's give-back round ran past the acquire's bound; 100685 (checker), a
@@ -121,6 +124,17 @@ mod tests {
             "{FIXED_SEEDS} seeds, {ops} lock operations, in {:?}",
             started.elapsed()
         );
+    }
+
+    /// Fixed seeds whose runs take several mutexes at once (`lock_all`): the first
+    /// [`GROUP_SEEDS`] from 10,000 on that do.
+    #[test]
+    fn every_fixed_seed_with_groups_keeps_every_promise() {
+        let seeds = (10_000u64..)
+            .filter(|seed| world::groups_of(*seed, &config::Config::from_seed(*seed)).0)
+            .take(GROUP_SEEDS);
+        let ops: u64 = seeds.map(|seed| check_seed(seed).ops).sum();
+        eprintln!("{GROUP_SEEDS} seeds with groups, {ops} lock operations");
     }
 
     /// The seeds that once found a defect keep every promise.

@@ -172,6 +172,16 @@ pub(crate) struct World {
     timers: Vec<Option<Micros>>,
 }
 
+/// Whether the run of `seed` (of `cfg`) has threads take several mutexes at once
+/// (`Client::lock_all`), and the stream they draw from. A third of the runs on one server
+/// do, with three more mutexes to take; drawn from a stream of their own, salted so that
+/// none of the seeds that found defects (FOUND) runs with them.
+pub(crate) fn groups_of(seed: u64, cfg: &Config) -> (bool, fastrand::Rng) {
+    let mut group_rng = fastrand::Rng::with_seed(seed ^ 0x5eed_9a17);
+    let groups = !matches!(cfg.deployment, Deployment::Redlock(_)) && group_rng.u32(0..3) == 0;
+    (groups, group_rng)
+}
+
 /// How often the world considers faults of its own.
 const TICK: Micros = 10_000;
 
@@ -179,11 +189,7 @@ impl World {
     /// The world of `seed`, its trace kept when `traced`.
     pub fn new(seed: u64, traced: bool) -> World {
         let mut cfg = Config::from_seed(seed);
-        // Threads take several mutexes at once (`Client::lock_all`) in a third of the runs
-        // on one server, with three more mutexes to take; drawn from a stream of their own,
-        // salted so that none of the seeds that found defects (FOUND) runs with them.
-        let mut group_rng = fastrand::Rng::with_seed(seed ^ 0x5eed_9a17);
-        let groups = !matches!(cfg.deployment, Deployment::Redlock(_)) && group_rng.u32(0..3) == 0;
+        let (groups, group_rng) = groups_of(seed, &cfg);
         if groups {
             for name in ["ga", "gb", "gc"] {
                 cfg.names.push(crate::sim::config::Name {
