@@ -315,6 +315,22 @@ pub(crate) struct SimLease {
     pub handed_over: bool,
 }
 
+/// What differs between the leases a client comes to hold (an acquire, an adopt, a
+/// group's script): `World::add_lease` (in `threads`) makes the rest.
+pub(crate) struct NewLease {
+    pub name: usize,
+    /// The lease's token (a reentrant lock's, for a re-entry of its own).
+    pub token: String,
+    /// The token of the first hold on it.
+    pub hold: String,
+    pub kind: Kind,
+    pub clock: LeaseClock,
+    pub fencing: u64,
+    pub renew: bool,
+    pub granted_at: Micros,
+    pub replicas: Option<Replicas>,
+}
+
 impl SimLease {
     /// Whether this process believes it holds the lock: some hold on it, and its clock
     /// says held.

@@ -34,8 +34,8 @@ use crate::kinds::Kind;
 use crate::lease::batching::BATCH_MIN_TTL;
 use crate::protocol::{Hold, calls};
 use crate::sim::client::{
-    Acquiring, Adopting, GateStage, Holding, LeaseId, Op, Pending, Queued, ReqId, Request, Round,
-    RoundFor, SimLease, TaskId,
+    Acquiring, Adopting, GateStage, Holding, LeaseId, NewLease, Op, Pending, Queued, ReqId,
+    Request, Round, RoundFor, SimLease, TaskId,
 };
 use crate::sim::config::{Deployment, Micros, micros};
 use crate::sim::trace::short;
@@ -751,31 +751,24 @@ impl World {
                 return self.think(client, task);
             }
         };
-        let id = self.clients[client].leases.len();
-        let keys = self.keys(adopting.name);
-        self.clients[client].leases.push(SimLease {
-            name: adopting.name,
-            token: adopting.token.clone(),
-            kind: Kind::Mutex,
-            keys,
-            clock: LeaseClock::new(adopting.ttl, pttl.unwrap_or(adopting.ttl), adopting.sent_at),
-            fencing,
-            renew: adopting.renew,
-            holds: vec![adopting.token.clone()],
-            granted_at: ran_at.unwrap_or(self.now),
-            gate_busy: false,
-            gate_closed: false,
-            gate_waiters: Vec::new(),
-            renewal: None,
-            replicas: None,
-            queued: false,
-            batch_failed: false,
-            seen_ended: false,
-            handed_over: false,
-        });
-        if adopting.renew {
-            self.schedule_renewal(client, id);
-        }
+        let id = self.add_lease(
+            client,
+            NewLease {
+                name: adopting.name,
+                token: adopting.token.clone(),
+                hold: adopting.token.clone(),
+                kind: Kind::Mutex,
+                clock: LeaseClock::new(
+                    adopting.ttl,
+                    pttl.unwrap_or(adopting.ttl),
+                    adopting.sent_at,
+                ),
+                fencing,
+                renew: adopting.renew,
+                granted_at: ran_at.unwrap_or(self.now),
+                replicas: None,
+            },
+        );
         self.trace.line(self.now, || {
             format!(
                 "c{client}/t{task} adopted {} (lease {id}, fencing {fencing}, {pttl:?} left)",
@@ -1001,6 +994,36 @@ impl World {
         self.at(at, WorldEvent::Wake { client, task });
     }
 
+    /// A lease this client now holds, its renewal scheduled when it renews.
+    fn add_lease(&mut self, client: usize, new: NewLease) -> LeaseId {
+        let id = self.clients[client].leases.len();
+        let keys = self.keys(new.name);
+        self.clients[client].leases.push(SimLease {
+            name: new.name,
+            token: new.token,
+            kind: new.kind,
+            keys,
+            clock: new.clock,
+            fencing: new.fencing,
+            renew: new.renew,
+            holds: vec![new.hold],
+            granted_at: new.granted_at,
+            gate_busy: false,
+            gate_closed: false,
+            gate_waiters: Vec::new(),
+            renewal: None,
+            replicas: new.replicas,
+            queued: false,
+            batch_failed: false,
+            seen_ended: false,
+            handed_over: false,
+        });
+        if new.renew {
+            self.schedule_renewal(client, id);
+        }
+        id
+    }
+
     /// A lease of its own for what `acq` acquired (not a re-entry joined to a lease held
     /// here), with its renewal, told to the checker.
     fn new_lease(&mut self, client: usize, acq: &Acquiring, acquired: &Acquired) -> LeaseId {
@@ -1009,33 +1032,22 @@ impl World {
             token,
             reentered,
         } = acquired;
-        let id = self.clients[client].leases.len();
         let granted_at = acq.granted_at.unwrap_or(self.now);
         let lease_token = reentered.clone().unwrap_or_else(|| token.clone());
-        let keys = self.keys(acq.name);
-        self.clients[client].leases.push(SimLease {
-            name: acq.name,
-            token: lease_token.clone(),
-            kind: acq.kind.clone(),
-            keys,
-            clock: LeaseClock::new(acq.spec.ttl, granted.lease, granted.sent_at),
-            fencing: granted.fencing_token,
-            renew: acq.spec.renew,
-            holds: vec![token.clone()],
-            granted_at,
-            gate_busy: false,
-            gate_closed: false,
-            gate_waiters: Vec::new(),
-            renewal: None,
-            replicas: acq.replicas,
-            queued: false,
-            batch_failed: false,
-            seen_ended: false,
-            handed_over: false,
-        });
-        if acq.spec.renew {
-            self.schedule_renewal(client, id);
-        }
+        let id = self.add_lease(
+            client,
+            NewLease {
+                name: acq.name,
+                token: lease_token.clone(),
+                hold: token.clone(),
+                kind: acq.kind.clone(),
+                clock: LeaseClock::new(acq.spec.ttl, granted.lease, granted.sent_at),
+                fencing: granted.fencing_token,
+                renew: acq.spec.renew,
+                granted_at,
+                replicas: acq.replicas,
+            },
+        );
         if reentered.is_none() {
             self.check
                 .told_granted(acq.name, granted_at, granted.fencing_token, &lease_token);

@@ -21,7 +21,7 @@ use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
 use crate::protocol::calls;
-use crate::sim::client::{Acquiring, Grouping, Holding, LeaseId, Op, Pending, SimLease, TaskId};
+use crate::sim::client::{Acquiring, Grouping, Holding, LeaseId, NewLease, Op, Pending, TaskId};
 use crate::sim::config::{Micros, micros};
 use crate::sim::threads::{Answered, args};
 use crate::sim::trace::short;
@@ -313,31 +313,20 @@ impl World {
         let granted_at = group.ran_at;
         for grant in grants {
             let name = group.names[grant.index];
-            let id = self.clients[client].leases.len();
-            let keys = self.keys(name);
-            self.clients[client].leases.push(SimLease {
-                name,
-                token: grant.token.clone(),
-                kind: Kind::Mutex,
-                keys,
-                clock: LeaseClock::new(group.ttl, grant.granted.lease, grant.granted.sent_at),
-                fencing: grant.granted.fencing_token,
-                renew: group.renew,
-                holds: vec![grant.token.clone()],
-                granted_at,
-                gate_busy: false,
-                gate_closed: false,
-                gate_waiters: Vec::new(),
-                renewal: None,
-                replicas: None,
-                queued: false,
-                batch_failed: false,
-                seen_ended: false,
-                handed_over: false,
-            });
-            if group.renew {
-                self.schedule_renewal(client, id);
-            }
+            let id = self.add_lease(
+                client,
+                NewLease {
+                    name,
+                    token: grant.token.clone(),
+                    hold: grant.token.clone(),
+                    kind: Kind::Mutex,
+                    clock: LeaseClock::new(group.ttl, grant.granted.lease, grant.granted.sent_at),
+                    fencing: grant.granted.fencing_token,
+                    renew: group.renew,
+                    granted_at,
+                    replicas: None,
+                },
+            );
             self.check
                 .told_granted(name, granted_at, grant.granted.fencing_token, &grant.token);
             leases[grant.index] = Some(id);
