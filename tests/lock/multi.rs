@@ -11,6 +11,17 @@ use redlease::{Client, ErrorKind, LostReason};
 use crate::support::proxy::{Action, Proxy};
 use crate::support::{RedisServer, eventually};
 
+/// Takes and releases `names` (one server or slot) so that the server has the acquire-all
+/// script cached: the next `EVALSHA` runs, rather than being answered `NOSCRIPT`.
+fn cache_the_script(client: &Client, names: [&str; 2]) {
+    client
+        .lock_all(&names)
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+}
+
 #[test]
 fn callers_taking_two_names_in_opposite_orders_never_deadlock_nor_overlap() {
     let server = RedisServer::start();
@@ -94,12 +105,7 @@ fn a_lost_reply_leaves_nothing_held() {
     let proxy = Proxy::start(server.port);
     let client = Client::open(&proxy.url()).unwrap();
     // The script is cached first, so that the request below runs (not answered NOSCRIPT).
-    client
-        .lock_all(&["warm:a", "warm:b"])
-        .try_acquire()
-        .unwrap()
-        .release()
-        .unwrap();
+    cache_the_script(&client, ["warm:a", "warm:b"]);
     // The script that takes both names runs on the server but its reply never arrives.
     proxy.on_request(b"half:b", 1, Action::ResetBeforeReply);
     let err = client
@@ -235,11 +241,7 @@ fn names_on_one_server_are_taken_in_one_script_and_a_busy_one_writes_nothing() {
     let server = RedisServer::start();
     let client = Client::open(&server.url()).unwrap();
     // Loads the script (a first EVALSHA may be answered NOSCRIPT).
-    let warm = client
-        .lock_all(&["warm:a", "warm:b"])
-        .try_acquire()
-        .unwrap();
-    warm.release().unwrap();
+    cache_the_script(&client, ["warm:a", "warm:b"]);
     server.cmd::<String>(&["CONFIG", "RESETSTAT"]);
     let all = client
         .lock_all(&["one:c", "one:a", "one:b"])
@@ -377,16 +379,8 @@ fn names_of_one_cluster_slot_are_taken_in_one_script() {
     let names = ["{acct}:1", "{acct}:2", "{acct}:3"];
     let primary = cluster.primary_of(redlease::key_slot(b"acct"));
     let client = Client::open(&cluster.url()).unwrap();
-    let warm = client
-        .lock_all(&["{warm}:1", "{warm}:2"])
-        .try_acquire()
-        .unwrap();
-    warm.release().unwrap();
-    let warm = client
-        .lock_all(&["{acct}:warm", "{acct}:warm2"])
-        .try_acquire()
-        .unwrap();
-    warm.release().unwrap();
+    cache_the_script(&client, ["{warm}:1", "{warm}:2"]);
+    cache_the_script(&client, ["{acct}:warm", "{acct}:warm2"]);
     primary.cmd::<String>(&["CONFIG", "RESETSTAT"]);
     let all = client.lock_all(&names).try_acquire().unwrap();
     assert_eq!(primary.calls("evalsha"), 1, "one script for the slot");
@@ -694,12 +688,7 @@ fn a_cancel_while_the_group_reply_is_late_leaves_nothing_held() {
     let proxy = Proxy::start(server.port);
     let client = Arc::new(Client::open(&proxy.url()).unwrap());
     let holder = client.lock("cl:b").try_acquire().unwrap();
-    client
-        .lock_all(&["warm:a", "warm:b"])
-        .try_acquire()
-        .unwrap()
-        .release()
-        .unwrap();
+    cache_the_script(&client, ["warm:a", "warm:b"]);
     let cancel = redlease::CancelToken::new();
     let waiter = {
         let (client, cancel) = (client.clone(), cancel.clone());
@@ -857,12 +846,7 @@ fn a_waiting_lock_all_rides_out_a_reset_and_a_lost_reply() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let client = Client::open(&proxy.url()).unwrap();
-    client
-        .lock_all(&["rr:warm", "rr:warm2"])
-        .try_acquire()
-        .unwrap()
-        .release()
-        .unwrap();
+    cache_the_script(&client, ["rr:warm", "rr:warm2"]);
     proxy.on_request(b"rr:a", 1, Action::ResetBeforeRequest);
     let all = client
         .lock_all(&["rr:a", "rr:b"])
