@@ -42,7 +42,11 @@ pub(crate) enum Kind {
 impl Kind {
     /// An attempt to take a hold under `token` for `ttl_ms`, in `mode`; a waiter's
     /// registration lives `grace_ms` unrefreshed; `clock_us` is the client's estimate of
-    /// the server's clock (0: unknown; see [`crate::core::server_time`]).
+    /// the server's clock (0: unknown; see [`crate::core::server_time`]). `lead`: the
+    /// attempt goes ahead of a block, and wakes it when it takes the lock. `direct`: a
+    /// mutex waiter whose registration lets a release hand it the lock itself (see
+    /// [`scripts::RELEASE`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn attempt(
         &self,
         keys: &LockKeys,
@@ -51,9 +55,11 @@ impl Kind {
         mode: Mode,
         grace_ms: u64,
         clock_us: u64,
+        lead: bool,
+        direct: bool,
     ) -> Call {
-        // A lead attempt's own wake list goes last.
-        let own = (mode == Mode::Lead).then(|| keys.own_wake(token));
+        // A leading attempt's own wake list goes last.
+        let own = (lead && mode != Mode::Once).then(|| keys.own_wake(token));
         let arg = mode.arg();
         let mut k: Vec<&str> = Vec::with_capacity(9);
         k.extend([keys.lock.as_str(), keys.fence.as_str()]);
@@ -87,11 +93,30 @@ impl Kind {
             Kind::Read | Kind::Write => &scripts::ACQUIRE_RW,
         };
         match self {
-            Kind::Mutex => Call::script(script, &k, &[&token, &ttl_ms, &clock_us, &arg, &grace_ms]),
+            Kind::Mutex => Call::script(
+                script,
+                &k,
+                &[
+                    &token,
+                    &ttl_ms,
+                    &clock_us,
+                    &arg,
+                    &grace_ms,
+                    &u8::from(direct),
+                ],
+            ),
             Kind::Reentrant(owner) => Call::script(
                 script,
                 &k,
-                &[&token, &ttl_ms, &clock_us, &arg, &grace_ms, &owner.as_ref()],
+                &[
+                    &token,
+                    &ttl_ms,
+                    &clock_us,
+                    &arg,
+                    &grace_ms,
+                    &0u8,
+                    &owner.as_ref(),
+                ],
             ),
             Kind::Permit(permits) => Call::script(
                 script,
@@ -134,9 +159,9 @@ impl Kind {
     }
 
     /// A token-checked release of a hold (or, with `withdraw`, the withdrawal of a waiter
-    /// that also gives back a hold it may have taken unawares). A mutex handed to a waiter
-    /// goes under `handoff` (a fresh token) until the waiter takes it; `grace_ms` bounds
-    /// the handoff and a wake-up.
+    /// whose ttl is `ttl_ms`, that also gives back a hold it may have been handed unawares).
+    /// A mutex handed to a waiter through the wake list goes under `handoff` (a fresh
+    /// token) until the waiter takes it; `grace_ms` bounds the handoff and a wake-up.
     pub fn release(
         &self,
         keys: &LockKeys,
@@ -144,6 +169,7 @@ impl Kind {
         handoff: &str,
         grace_ms: u64,
         withdraw: bool,
+        ttl_ms: u64,
     ) -> Call {
         let withdraw = u8::from(withdraw);
         let min_claim_ms = scripts::MIN_CLAIM_MS.min(grace_ms);
@@ -156,8 +182,16 @@ impl Kind {
                     &keys.queue,
                     &keys.grant,
                     &keys.waiting,
+                    &keys.fence,
                 ],
-                &[&token, &handoff, &min_claim_ms, &grace_ms, &withdraw],
+                &[
+                    &token,
+                    &handoff,
+                    &min_claim_ms,
+                    &grace_ms,
+                    &withdraw,
+                    &ttl_ms,
+                ],
             ),
             Kind::Reentrant(owner) => Call::script(
                 &scripts::RELEASE,
@@ -167,6 +201,7 @@ impl Kind {
                     &keys.queue,
                     &keys.grant,
                     &keys.waiting,
+                    &keys.fence,
                     &keys.holds,
                 ],
                 &[
@@ -175,6 +210,7 @@ impl Kind {
                     &min_claim_ms,
                     &grace_ms,
                     &withdraw,
+                    &ttl_ms,
                     &owner.as_ref(),
                 ],
             ),

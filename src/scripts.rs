@@ -97,15 +97,17 @@ end
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue, KEYS[5]
 ///   grant, KEYS[6] waiting flag, and for a reentrant lock KEYS[7] its holds (see
-///   [`crate::kinds::Kind`]); then, for a lead attempt (mode 4), the waiter's own wake
-///   list. A mutex's single attempt (mode 0) touches only the first two and passes only
-///   those.
+///   [`crate::kinds::Kind`]); then, for an attempt that leads a block, the waiter's own
+///   wake list. A mutex's single attempt (mode 0) touches only the first two and passes
+///   only those.
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] the client's estimate of the server's clock in
 ///   microseconds for the fencing token (0: unknown, the script reads `TIME`; see
 ///   [`crate::core::server_time`]; 1: no fencing token wanted, the counter is left alone
 ///   and the token returned is 0), ARGV[4] mode ([`crate::core::reply::Mode`]), ARGV[5]
 ///   the waiter's grace ms: how long its registration lives unrefreshed, and the longest
-///   lease a taken grant gets; for a reentrant lock ARGV[6] the owner
+///   lease a taken grant gets; ARGV[6] `1` for a direct waiter, whose registration names
+///   its ttl (`!<ttl>|<token>`) so that a release can hand it the lock (see [`RELEASE`]);
+///   for a reentrant lock ARGV[7] the owner
 /// - Returns `{1, fencing_token, lease_ms}` when acquired (`lease_ms` is the ttl the key
 ///   was set to; a fourth element, the server's clock in microseconds, when the script
 ///   read it), `{0, pttl_ms}` when another owner holds it (`pttl_ms` is -1 for a key
@@ -114,13 +116,14 @@ end
 ///   fencing token), whose lease is now at least the ttl.
 ///
 /// A registration also sets the waiting flag, to expire with the queue: a release looks
-/// at the queue only when the flag is there. A registration's lapse is counted from the
-/// client's estimate of the clock when it sends one (a lower bound), else from `TIME`.
+/// at the queue only when the flag is there. A registration's lapse is counted from
+/// `TIME`, and releases serve registrations in the order they lapse: the order waiters
+/// last registered, to the millisecond.
 ///
-/// A lead attempt (mode 4) is a waiter's first, pipelined in one write with the block on
-/// its own wake list and the wake list, and the attempt after it (mode 2 or 3): it
-/// registers like mode 1, and when it takes the lock it pushes to the own wake list, so
-/// that the block returns at once.
+/// An attempt that leads a block (a waiter's first, mode 4; a direct waiter's every one,
+/// mode 4 or 2) goes in one write with the block on its own wake list and the wake list:
+/// it registers like mode 1, and when it takes the lock (or finds it handed to its token
+/// already) it pushes to the own wake list, so that the block returns at once.
 ///
 /// A taken grant is leased for the shorter of the ttl and the grace, not for the ttl: if
 /// the waiter died right after its pipelined attempt ran, nobody would hear of the grant,
@@ -140,12 +143,15 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
         r"
 local token = ARGV[1]
 local mode = tonumber(ARGV[4])
-local owner = ARGV[6]
--- A lead attempt (mode 4) that takes the lock leaves a wake-up on the waiter's own list,
--- which the block pipelined behind it pops at once.
+local owner = ARGV[7]
+-- A waiter's registration: a direct waiter's names its ttl, so that a release can hand it
+-- the lock itself (see RELEASE).
+local member = ARGV[6] == '1' and ('!' .. ARGV[2] .. '|' .. token) or token
+-- A leading attempt (its waiter's own wake list passed last) that takes the lock leaves a
+-- wake-up there, which the block pipelined behind it pops at once.
+local own = KEYS[owner and 8 or 7]
 local function wake_self()
-  if mode == 4 then
-    local own = KEYS[owner and 8 or 7]
+  if own then
     redis.call('RPUSH', own, '1')
     redis.call('PEXPIRE', own, ARGV[5])
   end
@@ -160,7 +166,7 @@ if owner then
     redis.call('PEXPIRE', KEYS[1], lease)
     redis.call('PEXPIRE', KEYS[7], lease)
     if mode ~= 0 then
-      redis.call('ZREM', KEYS[4], token)
+      redis.call('ZREM', KEYS[4], member)
     end
     wake_self()
     return {2, tonumber(h[3]), lease, holder}
@@ -168,7 +174,7 @@ if owner then
 end
 local function granted(lease)
   if mode ~= 0 then
-    redis.call('ZREM', KEYS[4], token)
+    redis.call('ZREM', KEYS[4], member)
   end
   wake_self()
   local fence, read = 0, nil
@@ -191,26 +197,38 @@ local function take_grant()
   redis.call('SET', KEYS[1], token, 'PX', lease)
   return granted(lease)
 end
-if mode == 2 or mode == 3 then
-  -- Back from a block: most likely for a grant (checked first, it is the hot path).
-  local got = redis.call('MGET', KEYS[5], KEYS[1])
-  if got[1] and got[1] == got[2] then
-    return take_grant()
+local holder
+if mode == 0 then
+  if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+    return granted(tonumber(ARGV[2]))
+  end
+  holder = redis.call('GET', KEYS[1])
+else
+  if mode == 2 or mode == 3 then
+    -- After a block: perhaps for a grant through the wake list (checked first).
+    local got = redis.call('MGET', KEYS[5], KEYS[1])
+    if got[1] and got[1] == got[2] then
+      return take_grant()
+    end
+    holder = got[2]
+  else
+    holder = redis.call('GET', KEYS[1])
+  end
+  if not holder then
+    redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+    return granted(tonumber(ARGV[2]))
   end
 end
-if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
-  return granted(tonumber(ARGV[2]))
-end
-local holder = redis.call('GET', KEYS[1])
 if holder == token then
-  -- An attempt repeated (its reply was lost), or a stale copy of one arriving late: the
-  -- lease is never shortened (an extend may have lengthened it since).
+  -- An attempt repeated (its reply was lost), a stale copy of one arriving late, or a
+  -- waiter finding the lock a release handed it: the lease is never shortened (an extend
+  -- may have lengthened it since).
   local lease = math.max(redis.call('PTTL', KEYS[1]), tonumber(ARGV[2]))
   redis.call('PEXPIRE', KEYS[1], lease)
   return granted(lease)
 end
 if mode == 1 and holder == redis.call('GET', KEYS[5])
-    and redis.call('ZSCORE', KEYS[4], token) and redis.call('LLEN', KEYS[3]) > 0 then
+    and redis.call('ZSCORE', KEYS[4], member) and redis.call('LLEN', KEYS[3]) > 0 then
   return take_grant()
 end
 local pttl = redis.call('PTTL', KEYS[1])
@@ -218,15 +236,13 @@ if mode == 0 then
   return {0, pttl}
 end
 if mode == 3 then
-  redis.call('ZREM', KEYS[4], token)
+  redis.call('ZREM', KEYS[4], member)
   return {0, pttl}
 end
 local lives = tonumber(ARGV[5])
--- By the client's estimate of the clock when there is one (never ahead of it: the
--- registration lapses a little early at worst).
-local clock = tonumber(ARGV[3]) or 0
-local now = clock > 0 and math.floor(clock / 1000) or now_ms()
-redis.call('ZADD', KEYS[4], now + lives, token)
+-- By the server's clock: releases hand the lock over in the order of these scores (a
+-- client's estimate of the clock may lag another's).
+redis.call('ZADD', KEYS[4], now_ms() + lives, member)
 if redis.call('PTTL', KEYS[4]) < lives then
   redis.call('PEXPIRE', KEYS[4], lives)
   redis.call('SET', KEYS[6], '1', 'PX', lives)
@@ -302,49 +318,65 @@ return out
 });
 
 /// Release: only while the lock holds our token. Without a live registered waiter the key
-/// is deleted; with one, the lock is granted to the first waiter to take it (see the module
-/// documentation). Registrations that lapsed are pruned. A waiter that gives up runs it
-/// with its own token and ARGV[5] = 1 (withdraw): that also removes its registration and
-/// undoes a grant it may have taken without hearing of it.
+/// is deleted. With one, the lock goes to the waiter that registered first (whose
+/// registration lapses first):
+///
+/// - a *direct* waiter's registration names its ttl. The release sets the key to that
+///   waiter's token for the shorter of its ttl and its claim lease, draws its fencing token,
+///   and pushes `g<fencing token>:<lease ms>` to the waiter's own wake list (which expires
+///   with the key), where the waiter is blocked: the lock is the waiter's at once, and the
+///   reply is `{2, waiter's token}`;
+/// - any other registration (a waiter of version 0.2, of a reentrant lock, or one whose
+///   writes replicas must acknowledge) is served through the wake list and the pending
+///   grant, as the module documentation says; the reply is 2.
+///
+/// Registrations that lapsed are pruned. A waiter that gives up runs it with its own token
+/// and ARGV[5] = 1 (withdraw): that also removes its registration and undoes a grant it
+/// may have been handed or have taken without hearing of it.
 ///
 /// - KEYS[1] lock, KEYS[2] wake list, KEYS[3] queue, KEYS[4] grant, KEYS[5] waiting flag,
-///   and for a reentrant lock KEYS[6] its holds
+///   KEYS[6] fencing counter, and for a reentrant lock KEYS[7] its holds. A direct waiter's
+///   own wake list is KEYS[2], `:` and its token: in the same slot, named by the waiter.
 /// - ARGV[1] token, ARGV[2] fresh handoff token, ARGV[3] shortest claim lease ms, ARGV[4]
-///   longest claim lease ms (the releaser's grace), ARGV[5] 1 to withdraw a waiter; for a
-///   reentrant lock ARGV[6] the owner. Between the two leases, a grant lives as long as the
-///   registration of the last waiter to refresh it.
-/// - Returns 1 when released, 2 when granted to a waiter, 3 when one hold of a reentrant
-///   lock was given back and others remain, 0 when the key no longer held the token (or,
-///   reentrant, it is another owner's, or the hold named is not there). For a reentrant
-///   lock ARGV[1] names one hold (the token of the acquire that made it; the first hold's
-///   is the key's token), and the key is released with the last hold: a hold given back
-///   twice releases nothing the second time, even under the key's token.
+///   longest claim lease ms (the releaser's grace), ARGV[5] 1 to withdraw a waiter,
+///   ARGV[6] the withdrawing waiter's ttl ms (which its registration names); for a
+///   reentrant lock ARGV[7] the owner. Between the two leases, a grant lives as long as the
+///   registration of the waiter it goes to (through the wake list: of the last waiter to
+///   refresh it).
+/// - Returns 1 when released, 2 or `{2, token}` when granted to a waiter, 3 when one hold
+///   of a reentrant lock was given back and others remain, 0 when the key no longer held
+///   the token (or, reentrant, it is another owner's, or the hold named is not there). For
+///   a reentrant lock ARGV[1] names one hold (the token of the acquire that made it; the
+///   first hold's is the key's token), and the key is released with the last hold: a hold
+///   given back twice releases nothing the second time, even under the key's token.
 ///
 /// Under memory pressure (`maxmemory` with `noeviction`) a write that adds data may be
 /// refused; the release then deletes the key without a handoff (a delete is never refused)
 /// and the waiters find the lock free at their next attempt.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW}{}",
+        "{NOW}{}{}",
+        next_fence(),
         r"
 local got = redis.call('MGET', KEYS[1], KEYS[5])
 local holder, waiting = got[1], got[2]
 local held = holder == ARGV[1]
+local owner = ARGV[7]
 if ARGV[5] == '1' then
-  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1], '!' .. ARGV[6] .. '|' .. ARGV[1])
 end
-if ARGV[6] and holder then
+if owner and holder then
   -- Reentrant: ARGV[1] is one hold of the owner's; the lock goes with the last hold.
-  local h = redis.call('HMGET', KEYS[6], 't', 'o')
+  local h = redis.call('HMGET', KEYS[7], 't', 'o')
   if h[1] == holder then
-    if h[2] ~= ARGV[6] then
+    if h[2] ~= owner then
       return 0
     end
-    if redis.call('HDEL', KEYS[6], 'h:' .. ARGV[1]) == 0 then
+    if redis.call('HDEL', KEYS[7], 'h:' .. ARGV[1]) == 0 then
       -- That hold was given back already: nothing of the lock goes with it.
       return 0
     end
-    if redis.call('HLEN', KEYS[6]) > 3 then
+    if redis.call('HLEN', KEYS[7]) > 3 then
       return 3
     end
     held = true
@@ -353,29 +385,41 @@ end
 if not held then
   return 0
 end
-if ARGV[6] then
-  redis.call('DEL', KEYS[6])
+if owner then
+  redis.call('DEL', KEYS[7])
 end
 if not waiting then
   -- Nobody registered since the flag last lapsed: no queue to look at.
   redis.call('DEL', KEYS[1])
   return 1
 end
--- The registration that lapses last: if it has lapsed, so have all the others.
-local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-local now = last[2] and now_ms()
-if not last[2] or tonumber(last[2]) <= now then
-  redis.call('DEL', KEYS[3], KEYS[5])
-else
+local us = now_us()
+local now = math.floor(us / 1000)
+-- The first live registration (registrations that lapsed are pruned first). ZRANGE and
+-- ZREM, not ZPOPMIN: the commands a least-privilege user of 0.2 was granted suffice.
+local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+if head[2] and tonumber(head[2]) <= now then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  local claim = math.min(math.max(tonumber(last[2]) - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
-  local set = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', claim)
-  local pushed = type(set) ~= 'table' or not set.err
-  if pushed then
-    redis.call('DEL', KEYS[2])
+  head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+end
+if not head[2] then
+  redis.call('DEL', KEYS[1], KEYS[5])
+  return 1
+end
+local score = tonumber(head[2])
+local claim = math.min(math.max(score - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
+local ttl, waiter = string.match(head[1], '^!(%d+)|(.+)$')
+if waiter then
+  -- A direct waiter: the lock is its own now, with its fencing token.
+  redis.call('ZREM', KEYS[3], head[1])
+  local lease = math.min(tonumber(ttl), claim)
+  local own = KEYS[2] .. ':' .. waiter
+  local drawn, fence = pcall(next_fence, KEYS[6], 0, us)
+  local pushed = drawn
+  if drawn then
     for _, r in ipairs({
-      redis.pcall('SET', KEYS[4], ARGV[2], 'PX', claim),
-      redis.pcall('RPUSH', KEYS[2], ARGV[2]),
+      redis.pcall('SET', KEYS[1], waiter, 'PX', lease),
+      redis.pcall('RPUSH', own, 'g' .. string.format('%.0f', fence) .. ':' .. lease),
     }) do
       if type(r) == 'table' and r.err then
         pushed = false
@@ -383,12 +427,33 @@ else
     end
   end
   if pushed then
-    redis.call('PEXPIRE', KEYS[2], claim)
-    return 2
+    redis.call('PEXPIRE', own, lease)
+    return {2, waiter}
   end
-  redis.call('DEL', KEYS[2], KEYS[4])
+  redis.call('DEL', KEYS[1], own)
+  return 1
 end
-redis.call('DEL', KEYS[1])
+-- Another waiter: through the wake list, which its first blocked waiter pops.
+local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+claim = math.min(math.max(tonumber(last[2]) - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
+local set = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', claim)
+local pushed = type(set) ~= 'table' or not set.err
+if pushed then
+  redis.call('DEL', KEYS[2])
+  for _, r in ipairs({
+    redis.pcall('SET', KEYS[4], ARGV[2], 'PX', claim),
+    redis.pcall('RPUSH', KEYS[2], ARGV[2]),
+  }) do
+    if type(r) == 'table' and r.err then
+      pushed = false
+    end
+  end
+end
+if pushed then
+  redis.call('PEXPIRE', KEYS[2], claim)
+  return 2
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])
 return 1
 "
     ))

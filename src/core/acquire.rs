@@ -72,6 +72,10 @@ pub(crate) struct AcquireSpec {
     pub bounds: Bounds,
     /// How long replicas are waited for after each write (`min_replicas`; zero without).
     pub replicas: Duration,
+    /// A waiter that blocks lets a release hand it the lock itself (a mutex whose writes
+    /// no replica must acknowledge): every attempt leads its block, and a grant arrives on
+    /// the waiter's own wake list (see [`crate::scripts::RELEASE`]).
+    pub direct: bool,
 }
 
 /// A lock taken: its fencing token, the lease the key was given (the ttl, or less for a
@@ -104,6 +108,9 @@ pub(crate) struct AttemptPlan {
     /// A waiter's first attempt ([`Mode::Lead`]) goes ahead of the block, in the same
     /// write: it registers, or takes the lock and wakes the block at once.
     pub lead: bool,
+    /// As [`AcquireSpec::direct`]: nothing follows the block, a release's grant comes
+    /// through it.
+    pub direct: bool,
     pub lane: Lane,
     /// Nothing of the request runs past this.
     pub cutoff: Option<Instant>,
@@ -299,7 +306,9 @@ impl AcquireMachine {
                 self.attempted(last, result, now, cancelled)
             }
             // A first attempt that found no blocking connection goes on its own at once.
-            (Phase::Attempting { lead: true, .. }, Event::NoBlockingConnection) => {
+            (Phase::Attempting { lead: true, .. }, Event::NoBlockingConnection)
+                if !self.registered =>
+            {
                 let lane = self.caller_lane(now, false);
                 self.attempt(Mode::Waiter, None, lane, false, now)
             }
@@ -364,6 +373,26 @@ impl AcquireMachine {
         if !wait.waits() || !self.spec.blocks {
             return self.attempt(Mode::Once, None, lane, !wait.waits() || last, now);
         }
+        if self.spec.direct && !last {
+            // Every round is one write: an attempt that registers the waiter (or takes the
+            // lock, or finds it handed over already) with the block pipelined behind it.
+            // After a block an attempt may also take a grant made through the wake list
+            // (by a release of version 0.2).
+            self.plain_next = false;
+            let block = self.backoff.next(left, self.holder_pttl, self.grace);
+            let mode = if self.registered {
+                Mode::AfterBlock
+            } else {
+                Mode::Lead
+            };
+            self.phase = Phase::Attempting {
+                mode,
+                last: false,
+                block: Some(block),
+                lead: true,
+            };
+            return Action::Attempt(self.plan(mode, Some(block), true, Lane::Blocking, now));
+        }
         let lead = self.plain_next && !last && !self.registered;
         if (self.plain_next || last) && !lead {
             self.plain_next = false;
@@ -422,6 +451,7 @@ impl AcquireMachine {
             mode,
             block,
             lead,
+            direct: self.spec.direct && self.spec.blocks,
             lane,
             cutoff: self.cutoff,
             // A waiter's attempts before its last one are tried again, when refused for
@@ -803,6 +833,7 @@ mod tests {
                 io: 500 * MS,
             },
             replicas: Duration::ZERO,
+            direct: false,
         };
         AcquireMachine::new(spec, t0, tokens, fastrand::Rng::with_seed(1))
     }
@@ -940,6 +971,77 @@ mod tests {
             }
         }
         assert!(now <= t0 + 2 * S);
+    }
+
+    /// A machine for a direct waiter (a mutex a release hands over itself).
+    fn direct(wait: Wait, t0: Instant) -> AcquireMachine {
+        let mut m = machine(wait, true, true, 10 * S, t0);
+        m.spec.direct = true;
+        m
+    }
+
+    #[test]
+    fn a_direct_waiter_leads_every_block_with_its_attempt_and_takes_a_handed_grant() {
+        let t0 = Instant::now();
+        let mut m = direct(Wait::Until(t0 + 10 * S), t0);
+        // The first attempt and its block in one write; nothing after the block.
+        let p = plan(m.step(Event::Start, t0, false));
+        assert!(p.lead && p.direct);
+        assert_eq!(p.mode, Mode::Lead);
+        assert_eq!(p.lane, Lane::Blocking);
+        assert!(p.block.is_some());
+        // The block ended without a grant: the next attempt leads the next block, and may
+        // take a grant made through the wake list.
+        let p = plan(m.step(answer(busy(), t0), t0 + 400 * MS, false));
+        assert!(p.lead && p.direct);
+        assert_eq!(p.mode, Mode::AfterBlock);
+        assert_eq!(p.token, "t1");
+        // Handed over by a release: its grant's lease, from when the request was written.
+        let sent = t0 + 400 * MS;
+        match m.step(answer(granted(S), sent), sent + 10 * MS, false) {
+            Action::Done(Ok(acquired)) => {
+                assert_eq!(acquired.token, "t1");
+                assert_eq!(acquired.granted.sent_at, sent);
+                assert_eq!(acquired.granted.lease, S);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_direct_waiter_ends_its_wait_with_a_last_attempt_alone() {
+        let t0 = Instant::now();
+        let end = t0 + 300 * MS;
+        let mut m = direct(Wait::Until(end), t0);
+        let p = plan(m.step(Event::Start, t0, false));
+        assert!(p.block.is_some_and(|b| b <= 300 * MS));
+        let p = plan(m.step(answer(busy(), t0), end, false));
+        assert_eq!(p.mode, Mode::Last);
+        assert_eq!((p.block, p.lead), (None, false));
+        match m.step(answer(busy(), end), end + MS, false) {
+            Action::Done(Err(e)) => assert_eq!(e.kind(), ErrorKind::Busy),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_registered_direct_waiter_without_a_blocking_connection_sleeps() {
+        let t0 = Instant::now();
+        let mut m = direct(Wait::Until(t0 + 10 * S), t0);
+        plan(m.step(Event::Start, t0, false));
+        // Not registered yet: the attempt goes alone at once, and registers.
+        let p = plan(m.step(Event::NoBlockingConnection, t0, false));
+        assert_eq!((p.mode, p.block, p.lead), (Mode::Waiter, None, false));
+        let p = plan(m.step(answer(busy(), t0), t0 + MS, false));
+        assert!(p.lead);
+        // Registered: it sleeps for the block instead of attempting again at once.
+        let block = p.block.expect("a block");
+        match m.step(Event::NoBlockingConnection, t0 + MS, false) {
+            Action::Pause { until } => assert_eq!(until, t0 + MS + block),
+            other => panic!("{other:?}"),
+        }
+        let p = plan(m.step(Event::Paused(Ok(())), t0 + MS + block, false));
+        assert_eq!((p.mode, p.block), (Mode::AfterBlock, None));
     }
 
     #[test]

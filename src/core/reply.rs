@@ -215,6 +215,38 @@ pub(crate) fn attempt(reply: Option<Value>) -> Result<AttemptReply> {
     }
 }
 
+/// Reads the reply of a direct waiter's block: a grant a release left on the waiter's own
+/// wake list (`g<fencing token>:<lease ms>`, see [`crate::scripts::RELEASE`]) is the lock
+/// taken; anything else (a timeout, the waiter's own wake-up, an element of the shared wake
+/// list) is not.
+///
+/// Errors: the server's error, or [`ErrorKind::Server`] for a grant that does not parse.
+pub(crate) fn woken(reply: Option<Value>) -> Result<Option<AttemptReply>> {
+    let reply = value(reply)?;
+    let Value::Array(items) = &reply else {
+        return Ok(None);
+    };
+    let Some(Value::BulkString(element)) = items.get(1) else {
+        return Ok(None);
+    };
+    let Some(grant) = element.strip_prefix(b"g") else {
+        return Ok(None);
+    };
+    let parsed = std::str::from_utf8(grant).ok().and_then(|g| {
+        let (fence, ms) = g.split_once(':')?;
+        let ms: u64 = ms.parse().ok().filter(|ms| *ms > 0)?;
+        Some((fence.parse::<u64>().ok()?, Duration::from_millis(ms)))
+    });
+    match parsed {
+        Some((fencing_token, lease)) => Ok(Some(AttemptReply::Granted {
+            fencing_token,
+            lease,
+            server_clock: None,
+        })),
+        None => Err(unexpected("release (its grant)", &reply)),
+    }
+}
+
 /// Reads the acquire-all script's reply for `held` (per name, whether it was held
 /// already): see [`crate::scripts::ACQUIRE_ALL`].
 ///
@@ -279,11 +311,16 @@ pub(crate) fn extend(reply: Option<Value>) -> Result<ExtendReply> {
     }
 }
 
-/// Reads a release script's reply: 1 released, 2 handed off, 3 one hold of several given
-/// back, 0 not held.
+/// Reads a release script's reply: 1 released, 2 (or `{2, token}`) handed off, 3 one hold
+/// of several given back, 0 not held.
 pub(crate) fn release(reply: Option<Value>) -> Result<ReleaseReply> {
     let reply = value(reply)?;
-    match int(&reply) {
+    // A grant to a direct waiter names the waiter: `{2, token}`.
+    let code = match &reply {
+        Value::Array(items) if items.len() == 2 => items.first().and_then(int),
+        _ => int(&reply),
+    };
+    match code {
         Some(0) => Ok(ReleaseReply::NotHeld),
         Some(1) => Ok(ReleaseReply::Released),
         Some(2) => Ok(ReleaseReply::HandedOff),
@@ -370,5 +407,31 @@ mod tests {
         assert!(read(2).was_held());
         assert!(read(3).was_held());
         assert!(release(Some(Value::Int(4))).is_err());
+        let direct = Value::Array(vec![Value::Int(2), Value::BulkString(b"t".to_vec())]);
+        assert_eq!(release(Some(direct)).unwrap(), ReleaseReply::HandedOff);
+    }
+
+    #[test]
+    fn a_block_is_a_lock_taken_only_when_it_popped_a_grant() {
+        let popped = |element: &[u8]| {
+            Some(Value::Array(vec![
+                Value::BulkString(b"own".to_vec()),
+                Value::BulkString(element.to_vec()),
+            ]))
+        };
+        assert_eq!(
+            woken(popped(b"g1700000000000123:2500")).unwrap(),
+            Some(AttemptReply::Granted {
+                fencing_token: 1_700_000_000_000_123,
+                lease: Duration::from_millis(2500),
+                server_clock: None,
+            })
+        );
+        assert_eq!(woken(Some(Value::Nil)).unwrap(), None);
+        assert_eq!(woken(popped(b"1")).unwrap(), None);
+        assert_eq!(woken(popped(b"3f2a-handoff-token")).unwrap(), None);
+        for bad in [&b"g12"[..], b"g:5", b"g5:0", b"gx:5", b"g-1:5"] {
+            assert_eq!(woken(popped(bad)).unwrap_err().kind(), ErrorKind::Server);
+        }
     }
 }

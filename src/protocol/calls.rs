@@ -15,8 +15,10 @@ use crate::protocol::Hold;
 /// runs the moment the block returns), the kind's acquire script, and `WAIT` when replicas
 /// must acknowledge. With `lead` (a waiter's first attempt, [`Mode::Lead`]) an attempt goes
 /// ahead of the block, which then also watches the waiter's own wake list (first), where
-/// that attempt leaves a wake-up when it takes the lock. `clock_us`: the client's estimate
-/// of the server's clock (see [`crate::core::server_time`]).
+/// that attempt leaves a wake-up when it takes the lock. A `direct` waiter's attempt (a
+/// mutex's, see [`crate::scripts::RELEASE`]) always leads, in `mode`, and nothing follows
+/// the block: a release hands it the lock through its own wake list. `clock_us`: the
+/// client's estimate of the server's clock (see [`crate::core::server_time`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attempt(
     hold: Hold<'_>,
@@ -25,6 +27,7 @@ pub(crate) fn attempt(
     grace: Duration,
     block: Option<Duration>,
     lead: bool,
+    direct: bool,
     replicas: Option<Replicas>,
     clock_us: u64,
 ) -> Vec<Call> {
@@ -32,18 +35,33 @@ pub(crate) fn attempt(
         kind, keys, token, ..
     } = hold;
     let mut calls = Vec::with_capacity(4);
+    let script = |mode, lead| {
+        hold.kind.attempt(
+            keys,
+            token,
+            ttl.as_millis() as u64,
+            mode,
+            grace.as_millis() as u64,
+            clock_us,
+            lead,
+            direct,
+        )
+    };
     if let Some(block) = block {
         let mut blpop = redis::cmd("BLPOP");
         if lead {
-            calls.push(attempt_script(hold, ttl, Mode::Lead, grace, clock_us));
+            calls.push(script(if direct { mode } else { Mode::Lead }, true));
             blpop.arg(keys.own_wake(token));
         }
         blpop
             .arg(kind.wake_list(keys))
             .arg(format!("{:.3}", block.as_secs_f64()));
         calls.push(Call::blocking(&blpop, block));
+        if direct {
+            return calls;
+        }
     }
-    calls.push(attempt_script(hold, ttl, mode, grace, clock_us));
+    calls.push(script(mode, false));
     calls.extend(replicas.map(|r| r.call()));
     calls
 }
@@ -69,18 +87,25 @@ pub(crate) fn attempt_script(
         mode,
         grace.as_millis() as u64,
         clock_us,
+        false,
+        false,
     )
 }
 
 /// Reads the replies of [`attempt`]'s calls (`blocked`: a block went first, `lead`: with an
-/// attempt ahead of it), written at `sent_at`. A lead attempt that took the lock is the
-/// answer (the attempt after the block found the key already under the token).
+/// attempt ahead of it, `direct`: and nothing after it), written at `sent_at`. A lead
+/// attempt that took the lock is the answer (the attempt after the block found the key
+/// already under the token). A direct waiter's block that popped a grant from its own wake
+/// list is a lock taken, with the grant's fencing token and lease: the release that made
+/// it ran after the attempt ahead of the block (which would otherwise have found the key
+/// under its token), so after `sent_at`.
 ///
 /// Errors: the server's error (also one answering the block), or a reply of another shape.
 pub(crate) fn read_attempt(
     mut values: Vec<Value>,
     blocked: bool,
     lead: bool,
+    direct: bool,
     replicas: Option<Replicas>,
     sent_at: Instant,
 ) -> Result<Answer<AttemptReply>> {
@@ -93,6 +118,17 @@ pub(crate) fn read_attempt(
                 reply: first,
                 sent_at,
                 unacknowledged,
+            });
+        }
+        if direct {
+            let reply = match reply::woken(values.into_iter().next())? {
+                Some(granted) => granted,
+                None => first,
+            };
+            return Ok(Answer {
+                reply,
+                sent_at,
+                unacknowledged: None,
             });
         }
     }
@@ -161,15 +197,23 @@ pub(crate) fn read_extend(
     )
 }
 
-/// The release of `hold` (or, `withdraw`, a waiter's withdrawal); a mutex handed to a
-/// waiter goes under `handoff` until the waiter takes it, for at most `grace`.
-pub(crate) fn release(hold: Hold<'_>, handoff: &str, grace: Duration, withdraw: bool) -> Call {
+/// The release of `hold` (or, `withdraw`, the withdrawal of a waiter for `ttl`); a mutex
+/// handed to a waiter through the wake list goes under `handoff` until the waiter takes
+/// it, for at most `grace`.
+pub(crate) fn release(
+    hold: Hold<'_>,
+    handoff: &str,
+    grace: Duration,
+    withdraw: bool,
+    ttl: Duration,
+) -> Call {
     hold.kind.release(
         hold.keys,
         hold.token,
         handoff,
         grace.as_millis() as u64,
         withdraw,
+        ttl.as_millis() as u64,
     )
 }
 

@@ -62,6 +62,8 @@ pub(crate) struct AttemptRequest<'a> {
     pub block: Option<Duration>,
     /// A waiter's first attempt goes ahead of the block (see [`calls::attempt`]).
     pub lead: bool,
+    /// A direct waiter's: nothing follows the block (see [`calls::attempt`]).
+    pub direct: bool,
     pub exec: Exec<'a>,
     pub replicas: Option<Replicas>,
 }

@@ -274,6 +274,14 @@ impl Quorum {
     fn release_call(&self, kind: &Kind, keys: &LockKeys, token: &str, withdraw: bool) -> Call {
         let handoff = token::handoff_token(token);
         let hold = Hold { kind, keys, token };
-        calls::release(hold, &handoff, backoff::grace(self.bounds.io), withdraw)
+        // A quorum's attempts never register, so no registration names a ttl.
+        let ttl = Duration::ZERO;
+        calls::release(
+            hold,
+            &handoff,
+            backoff::grace(self.bounds.io),
+            withdraw,
+            ttl,
+        )
     }
 }

@@ -75,6 +75,7 @@ impl LockServer for Routed {
             request.grace,
             request.block,
             request.lead,
+            request.direct,
             request.replicas,
             clock,
         );
@@ -88,6 +89,7 @@ impl LockServer for Routed {
             replies.values,
             request.block.is_some(),
             request.lead,
+            request.direct,
             request.replicas,
             sent,
         )?;
@@ -156,13 +158,13 @@ impl LockServer for Routed {
     fn release(
         &self,
         hold: Hold<'_>,
-        _ttl: Duration,
+        ttl: Duration,
         withdraw: bool,
         exec: &Exec<'_>,
     ) -> Result<ReleaseReply> {
         let handoff = token::handoff_token(hold.token);
         let grace = backoff::grace(self.backend.io_timeout);
-        let call = calls::release(hold, &handoff, grace, withdraw);
+        let call = calls::release(hold, &handoff, grace, withdraw, ttl);
         let replies = self.backend.run(&hold.keys.lock, &[call], exec)?;
         calls::read_release(replies.values)
     }
@@ -235,6 +237,7 @@ mod tests {
             grace: Duration::from_secs(1),
             block: None,
             lead: false,
+            direct: false,
             exec,
             replicas: None,
         }

@@ -86,6 +86,9 @@ impl Checker {
         commands: &[Vec<Vec<u8>>],
         replies: &[(Value, Micros)],
     ) {
+        for (command, (reply, now)) in commands.iter().zip(replies) {
+            self.handed_over(names, command, reply, *now);
+        }
         let acquire_shas = [
             &scripts::ACQUIRE.sha,
             &scripts::ACQUIRE_PERMIT.sha,
@@ -125,6 +128,40 @@ impl Checker {
                 }
             }
         }
+    }
+
+    /// A release that ran at `now` and handed the lock to a direct waiter: a grant, to the
+    /// waiter's token (its reply names it).
+    fn handed_over(&mut self, names: &[Name], command: &[Vec<u8>], reply: &Value, now: Micros) {
+        if command
+            .get(1)
+            .is_none_or(|sha| scripts::RELEASE.sha.as_bytes() != sha.as_slice())
+        {
+            return;
+        }
+        let Value::Array(items) = reply else {
+            return;
+        };
+        let (Some(Value::Int(2)), Some(Value::BulkString(token))) = (items.first(), items.get(1))
+        else {
+            return;
+        };
+        let key = command
+            .get(3)
+            .map(|k| String::from_utf8_lossy(k).into_owned());
+        if let Some(name) = key.and_then(|k| names.iter().position(|n| n.name == k)) {
+            let token = String::from_utf8_lossy(token).into_owned();
+            self.server_grants[name].push((now, token));
+        }
+    }
+
+    /// When a release last handed `name` to `token` (see [`Checker::handed_over`]).
+    pub fn handed_at(&self, name: usize, token: &str) -> Option<Micros> {
+        self.server_grants[name]
+            .iter()
+            .rev()
+            .find(|(_, t)| t == token)
+            .map(|(at, _)| *at)
     }
 
     /// The acquire-all script ran at `now`: when it took its names, each is a grant.

@@ -205,6 +205,7 @@ impl World {
             blocks: !self.redlock(),
             bounds: self.bounds(),
             replicas: wait_time(replicas),
+            direct: matches!(kind, Kind::Mutex) && replicas.is_none(),
         };
         let stream = self.rng.u64(..) % 1_000_000;
         let seed = self.rng.u64(..);
@@ -309,6 +310,7 @@ impl World {
                         self.grace(),
                         plan.block,
                         plan.lead,
+                        plan.direct,
                         acq.replicas,
                         clock,
                     );
@@ -360,7 +362,8 @@ impl World {
                 background,
             } => {
                 let (kind, keys, token) = hold(&token);
-                let commands = vec![self.release_args(client, &kind, &keys, &token, true)];
+                let ttl = acq.spec.ttl;
+                let commands = vec![self.release_args(client, &kind, &keys, &token, true, ttl)];
                 let (purpose, what) = if background {
                     (Purpose::Background, RoundFor::Release)
                 } else {
@@ -389,8 +392,8 @@ impl World {
         *self.op(client, task) = Op::Acquiring(acq);
     }
 
-    /// The release script's call for `token` of `kind` on `keys` (a withdrawal when
-    /// `withdraw`), with a fresh handoff token of the client's.
+    /// The release script's call for `token` of `kind` on `keys` (a withdrawal of a waiter
+    /// for `ttl` when `withdraw`), with a fresh handoff token of the client's.
     fn release_args(
         &mut self,
         client: usize,
@@ -398,10 +401,11 @@ impl World {
         keys: &LockKeys,
         token: &str,
         withdraw: bool,
+        ttl: Duration,
     ) -> Vec<Vec<u8>> {
         let handoff = format!("{}-handoff", self.clients[client].token());
         let h = Hold { kind, keys, token };
-        args(&calls::release(h, &handoff, self.grace(), withdraw))
+        args(&calls::release(h, &handoff, self.grace(), withdraw, ttl))
     }
 
     /// Sends `commands` to the one server, or as a Redlock round.
@@ -810,7 +814,9 @@ impl World {
             let event = match answer {
                 Ok((values, sent_at)) => {
                     // The script that answers: the lead attempt when it took the lock, else
-                    // the one after the block (if there was one).
+                    // the one after the block (if there was one). A direct waiter's block
+                    // answers with a grant a release made: it ran when that release ran.
+                    let direct = acq.spec.direct && blocked;
                     let lead_took = lead
                         && values.first().is_some_and(|v| {
                             crate::core::reply::attempt(Some(v.clone()))
@@ -821,8 +827,22 @@ impl World {
                         (true, false) => 2,
                         (false, _) => usize::from(blocked),
                     };
-                    let ran_at = times.get(script).copied();
-                    let read = calls::read_attempt(values, blocked, lead, acq.replicas, sent_at);
+                    let mut ran_at = times.get(script).copied();
+                    let read =
+                        calls::read_attempt(values, blocked, lead, direct, acq.replicas, sent_at);
+                    let handed = matches!(
+                        &read,
+                        Ok(Answer {
+                            reply: AttemptReply::Granted { .. },
+                            ..
+                        })
+                    );
+                    if direct && !lead_took && handed {
+                        ran_at = self.check.handed_at(acq.name, acq.machine.token());
+                        self.trace.line(self.now, || {
+                            format!("c{client}/t{task} was handed the lock by a release")
+                        });
+                    }
                     // When the server last saw the lock held for this acquisition (a
                     // re-entry joins a hold its owner took earlier).
                     if let Ok(Answer {
@@ -867,7 +887,7 @@ impl World {
             .iter()
             .map(|a| match a {
                 Some(Ok(values)) => {
-                    calls::read_attempt(values.clone(), false, false, None, round.started)
+                    calls::read_attempt(values.clone(), false, false, false, None, round.started)
                         .map(|a| a.reply)
                 }
                 Some(Err(e)) => Err(e.clone()),
@@ -1259,7 +1279,7 @@ impl World {
         }
         let ttl = l.clock.renewal_ttl();
         let (kind, keys) = (l.kind.clone(), l.keys.clone());
-        let commands = vec![self.release_args(client, &kind, &keys, &holding.hold, false)];
+        let commands = vec![self.release_args(client, &kind, &keys, &holding.hold, false, ttl)];
         let request = self.request(
             client,
             Purpose::Task(task),

@@ -130,10 +130,13 @@ fn fifo_round(server: &RedisServer, client: &Client, name: &str) -> Option<Vec<u
             std::thread::sleep(Duration::from_millis(20));
             guard.release().unwrap();
         }));
-        // Waiter i is blocked on the server before waiter i + 1 starts.
+        // Waiter i is blocked on the server before waiter i + 1 starts, and registered a
+        // millisecond before it at least (releases serve registrations in the order of
+        // their server times, to the millisecond).
         assert!(eventually(Duration::from_secs(5), || {
             server.calls("blpop") > start + i as u64
         }));
+        std::thread::sleep(Duration::from_millis(2));
     }
     let blocked = server.calls("blpop");
     holder.release().unwrap();

@@ -178,6 +178,7 @@ impl World {
             blocks: true,
             bounds: self.bounds(),
             replicas: Duration::ZERO,
+            direct: true,
         };
         let stream = self.group_rng.u64(..) % 1_000_000;
         let seed = self.group_rng.u64(..);
@@ -393,7 +394,9 @@ impl World {
         withdraw: bool,
         cutoff: Option<std::time::Instant>,
     ) {
-        let commands = vec![self.release_args(client, &Kind::Mutex, keys, token, withdraw)];
+        // The acquire-all script never registers a waiter: no registration names a ttl.
+        let ttl = Duration::ZERO;
+        let commands = vec![self.release_args(client, &Kind::Mutex, keys, token, withdraw, ttl)];
         let deadline = self.reply_deadline(client, None, cutoff);
         self.send(
             client,
