@@ -32,6 +32,13 @@ use crate::sim::trace::short;
 /// Slack for rounding between virtual and local time.
 const SLACK: Duration = Duration::from_millis(2);
 
+/// Whether `command` runs `script` (by its SHA1, or by its text after a `NOSCRIPT`).
+fn runs(command: &[Vec<u8>], script: &scripts::Lua) -> bool {
+    command.get(1).is_some_and(|s| {
+        s.as_slice() == script.sha.as_bytes() || s.as_slice() == script.code.as_bytes()
+    })
+}
+
 /// A caller that believes it holds a lock now.
 #[derive(Debug, Clone)]
 pub(crate) struct Belief {
@@ -89,22 +96,17 @@ impl Checker {
         for (command, (reply, now)) in commands.iter().zip(replies) {
             self.handed_over(names, command, reply, *now);
         }
-        let acquire_shas = [
-            &scripts::ACQUIRE.sha,
-            &scripts::ACQUIRE_PERMIT.sha,
-            &scripts::ACQUIRE_RW.sha,
+        let acquires = [
+            &*scripts::ACQUIRE,
+            &*scripts::ACQUIRE_PERMIT,
+            &*scripts::ACQUIRE_RW,
         ];
         for (command, (reply, now)) in commands.iter().zip(replies) {
-            if command
-                .get(1)
-                .is_some_and(|sha| scripts::ACQUIRE_ALL.sha.as_bytes() == sha.as_slice())
-            {
+            if runs(command, &scripts::ACQUIRE_ALL) {
                 self.group_replied(names, command, reply, *now);
                 continue;
             }
-            let is_acquire = command
-                .get(1)
-                .is_some_and(|sha| acquire_shas.iter().any(|s| s.as_bytes() == sha.as_slice()));
+            let is_acquire = acquires.iter().any(|script| runs(command, script));
             let Value::Array(items) = reply else {
                 continue;
             };
@@ -133,10 +135,7 @@ impl Checker {
     /// A release that ran at `now` and handed the lock to a direct waiter: a grant, to the
     /// waiter's token (its reply names it).
     fn handed_over(&mut self, names: &[Name], command: &[Vec<u8>], reply: &Value, now: Micros) {
-        if command
-            .get(1)
-            .is_none_or(|sha| scripts::RELEASE.sha.as_bytes() != sha.as_slice())
-        {
+        if !runs(command, &scripts::RELEASE) {
             return;
         }
         let Value::Array(items) = reply else {

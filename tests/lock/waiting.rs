@@ -517,3 +517,97 @@ fn a_waiter_whose_connections_were_all_refused_warns_of_no_withdrawal() {
     let warned = crate::support::warnings_about(name);
     assert!(warned.is_empty(), "{warned:?}");
 }
+
+/// The names of the keys of `name` whose names contain `part`.
+fn keys_of(server: &RedisServer, part: &str, name: &str) -> Vec<String> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("redlease:{part}*"))
+        .query(&mut server.conn())
+        .unwrap();
+    keys.into_iter().filter(|k| k.contains(name)).collect()
+}
+
+#[test]
+fn a_release_hands_the_lock_to_a_blocked_waiter_who_sends_nothing_after_its_block() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let holder = client.lock("direct").try_acquire().unwrap();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            // A ttl within the claim lease, without renewal: nothing to extend afterwards.
+            let g = client
+                .lock("direct")
+                .ttl(Duration::from_secs(2))
+                .renew(false)
+                .acquire_timeout(Duration::from_secs(20))
+                .unwrap();
+            (g.token().to_owned(), g.fencing_token(), g)
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") > 0));
+    // (A script's first run on a server may go with its text.)
+    let scripts = || server.calls("evalsha") + server.calls("eval");
+    let before = scripts();
+    let first = holder.fencing_token();
+    holder.release().unwrap();
+    let (token, fencing, guard) = within(Duration::from_secs(10), move || waiter.join().unwrap());
+    // The release's script is the only one: it set the key and drew the fencing token.
+    assert_eq!(scripts(), before + 1);
+    assert!(fencing > first);
+    assert_eq!(server.cmd::<String>(&["GET", "direct"]), token);
+    assert!(guard.remaining() > Duration::from_secs(1));
+    // The grant was popped; nothing of the handoff is left.
+    assert_eq!(keys_of(&server, "wakeup:", "direct"), Vec::<String>::new());
+    assert_eq!(keys_of(&server, "grant:", "direct"), Vec::<String>::new());
+    guard.release().unwrap();
+    assert!(!server.cmd::<bool>(&["EXISTS", "direct"]));
+}
+
+#[test]
+fn a_lock_handed_to_a_waiter_that_vanished_lapses_within_its_registration() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let holder = client
+        .lock("vanished")
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .unwrap();
+    // A direct waiter with a ttl of a minute registered, and died before its block: its
+    // registration lives another 1.5 s.
+    let now: Vec<String> = server.cmd(&["TIME"]);
+    let now_ms = now[0].parse::<u64>().unwrap() * 1000 + now[1].parse::<u64>().unwrap() / 1000;
+    let queue = "redlease:queue:{vanished}";
+    redis::cmd("ZADD")
+        .arg(queue)
+        .arg(now_ms + 1500)
+        .arg("!60000|ghost")
+        .query::<()>(&mut server.conn())
+        .unwrap();
+    server.cmd::<()>(&["SET", "redlease:waiting:{vanished}", "1", "PX", "1500"]);
+    holder.release().unwrap();
+    // Handed to the ghost, for what is left of its registration, not for its ttl.
+    assert_eq!(server.cmd::<String>(&["GET", "vanished"]), "ghost");
+    let pttl: i64 = server.cmd(&["PTTL", "vanished"]);
+    assert!(pttl > 0 && pttl <= 1500, "pttl {pttl}");
+    let own = "redlease:wakeup:{vanished}:ghost";
+    let element: Vec<String> = server.cmd(&["LRANGE", own, "0", "-1"]);
+    assert_eq!(element.len(), 1);
+    assert!(element[0].starts_with('g'), "{element:?}");
+    assert!(server.cmd::<i64>(&["PTTL", own]) <= pttl);
+    // The next waiter gets it once that lapses.
+    let started = Instant::now();
+    let next = client
+        .lock("vanished")
+        .acquire_timeout(Duration::from_secs(10))
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(next.fencing_token() > holder_fence(&element[0]));
+    assert!(!server.cmd::<bool>(&["EXISTS", own]));
+}
+
+/// The fencing token of a grant left on a wake list (`g<fencing token>:<lease ms>`).
+fn holder_fence(element: &str) -> u64 {
+    let (fence, _) = element[1..].split_once(':').unwrap();
+    fence.parse().unwrap()
+}
