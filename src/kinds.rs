@@ -128,6 +128,7 @@ impl Kind {
                     &arg,
                     &grace_ms,
                     &u64::from(*permits),
+                    &u8::from(direct),
                 ],
             ),
             Kind::Read | Kind::Write => Call::script(
@@ -216,8 +217,8 @@ impl Kind {
             ),
             Kind::Permit(_) => Call::script(
                 &scripts::RELEASE_PERMIT,
-                &[&keys.lock, &keys.wake, &keys.queue],
-                &[&token, &grace_ms, &withdraw],
+                &[&keys.lock, &keys.wake, &keys.queue, &keys.fence],
+                &[&token, &grace_ms, &withdraw, &ttl_ms, &min_claim_ms],
             ),
             Kind::Read | Kind::Write => Call::script(
                 &scripts::RELEASE_RW,

@@ -512,9 +512,10 @@ return 0
 });
 
 /// Helpers of the semaphore and read-write lock scripts: a registration of a waiter (as in
-/// [`ACQUIRE`]), the wake-up a lead attempt (mode 4) that took a hold leaves on its own
-/// wake list (its last key), and the wake-ups a release leaves for blocked waiters: added to
-/// those not popped yet (another release's), up to one per live registration.
+/// [`ACQUIRE`]), the wake-up an attempt that leads a block and took a hold leaves on its
+/// own wake list (its last key, passed only then), and the wake-ups a release leaves for
+/// blocked waiters: added to those not popped yet (another release's), up to one per live
+/// registration.
 const WAITERS: &str = r"
 local function register(queue, token, mode, lives)
   if mode == 3 then
@@ -526,8 +527,8 @@ local function register(queue, token, mode, lives)
     end
   end
 end
-local function wake_self(own, mode, lives)
-  if mode == 4 then
+local function wake_self(own, lives)
+  if own then
     redis.call('RPUSH', own, '1')
     redis.call('PEXPIRE', own, lives)
   end
@@ -552,22 +553,27 @@ end
 /// semaphore's key, scored by when it expires (the server's clock, so a crashed holder's
 /// permit frees itself after its ttl whatever the clients' clocks say).
 ///
-/// - KEYS[1] semaphore, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue
+/// - KEYS[1] semaphore, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue; then,
+///   for an attempt that leads a block, the waiter's own wake list
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] (unused: permits expire by the server's
 ///   clock, which the script reads anyway), ARGV[4] mode ([`crate::core::reply::Mode`]),
-///   ARGV[5] the waiter's grace ms, ARGV[6] permits
+///   ARGV[5] the waiter's grace ms, ARGV[6] permits, ARGV[7] `1` for a direct waiter,
+///   whose registration names its ttl (`!<ttl>|<token>`), so that a release can hand it
+///   its permit (see [`RELEASE_PERMIT`])
 /// - Returns `{1, fencing_token, ttl_ms, clock_us}` when a permit is taken (`clock_us`:
 ///   the server's clock), `{0, ms}` when all are held (`ms`: until the first of them
 ///   expires).
 ///
-/// A woken waiter is not handed a permit: it tries again (no grant across permits), so a
-/// newcomer may take the permit first.
+/// A permit held under the token already (a repeated or late attempt, or a permit a
+/// release handed to this waiter) counts as taken. A free permit goes to whoever asks
+/// first: a newcomer may take it before a registered waiter.
 pub(crate) static ACQUIRE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{NOW}{}{WAITERS}{}",
         next_fence(),
         r"
 local token, ttl, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local member = ARGV[7] == '1' and ('!' .. ARGV[2] .. '|' .. token) or token
 local clock = now_us()
 local now = math.floor(clock / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -580,12 +586,12 @@ if taken or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[6]) then
     redis.call('PEXPIRE', KEYS[1], expiry - now)
   end
   if mode ~= 0 then
-    redis.call('ZREM', KEYS[4], token)
+    redis.call('ZREM', KEYS[4], member)
   end
-  wake_self(KEYS[5], mode, ARGV[5])
+  wake_self(KEYS[5], ARGV[5])
   return {1, (next_fence(KEYS[2], clock, clock)), expiry - now, clock}
 end
-register(KEYS[4], token, mode, tonumber(ARGV[5]))
+register(KEYS[4], member, mode, tonumber(ARGV[5]))
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {0, math.max(tonumber(first[2]) - now, 0)}
 "
@@ -614,27 +620,73 @@ return 1
     ))
 });
 
-/// Semaphore release: gives the permit back and wakes one waiter. With ARGV[3] = 1 a
-/// waiter that gives up withdraws its registration (and a permit it may have taken
-/// unawares).
+/// Semaphore release: gives the permit back, and hands it to the first live registration
+/// when that is a direct waiter's (as [`RELEASE`] hands a mutex: the permit under the
+/// waiter's token for the shorter of its ttl and what is left of its registration, its
+/// fencing token drawn, `g<fencing token>:<lease ms>` pushed to its own wake list); else
+/// wakes one waiter, which tries again. With ARGV[3] = 1 a waiter that gives up withdraws
+/// its registration (and a permit it may have been handed or taken unawares).
 ///
-/// - KEYS[1] semaphore, KEYS[2] wake list, KEYS[3] queue
-/// - ARGV[1] token, ARGV[2] grace ms (how long a wake-up waits), ARGV[3] withdraw
-/// - Returns 1 when the permit was held (and is given back), 0 when it was not.
+/// - KEYS[1] semaphore, KEYS[2] wake list, KEYS[3] queue, KEYS[4] fencing counter
+/// - ARGV[1] token, ARGV[2] grace ms (how long a wake-up waits, and the longest a handed
+///   permit lives before its waiter renews it), ARGV[3] withdraw, ARGV[4] the withdrawing
+///   waiter's ttl ms, ARGV[5] the shortest lease of a handed permit, ms
+/// - Returns 1 when the permit was held (and is given back), `{1, token}` when it was
+///   handed to the waiter whose token that is, 0 when it was not held.
 pub(crate) static RELEASE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW}{WAITERS}{}",
+        "{NOW}{}{WAITERS}{}",
+        next_fence(),
         r"
 if ARGV[3] == '1' then
-  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1], '!' .. ARGV[4] .. '|' .. ARGV[1])
 end
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not expiry then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
-if tonumber(expiry) <= now_ms() then
+local us = now_us()
+local now = math.floor(us / 1000)
+if tonumber(expiry) <= now then
   return 0
+end
+local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+if head[2] and tonumber(head[2]) <= now then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+end
+local ttl, waiter = nil, nil
+if head[2] then
+  ttl, waiter = string.match(head[1], '^!(%d+)|(.+)$')
+end
+if waiter then
+  -- A direct waiter: the permit is its own now, with its fencing token.
+  local claim = math.min(math.max(tonumber(head[2]) - now, tonumber(ARGV[5])), tonumber(ARGV[2]))
+  local lease = math.min(tonumber(ttl), claim)
+  local own = KEYS[2] .. ':' .. waiter
+  redis.call('ZREM', KEYS[3], head[1])
+  local drawn, fence = pcall(next_fence, KEYS[4], 0, us)
+  local pushed = drawn
+  if drawn then
+    for _, r in ipairs({
+      redis.pcall('ZADD', KEYS[1], now + lease, waiter),
+      redis.pcall('RPUSH', own, 'g' .. string.format('%.0f', fence) .. ':' .. lease),
+    }) do
+      if type(r) == 'table' and r.err then
+        pushed = false
+      end
+    end
+  end
+  if pushed then
+    redis.call('PEXPIRE', own, lease)
+    if redis.call('PTTL', KEYS[1]) < lease then
+      redis.call('PEXPIRE', KEYS[1], lease)
+    end
+    return {1, waiter}
+  end
+  redis.call('ZREM', KEYS[1], waiter)
+  redis.call('DEL', own)
 end
 wake(KEYS[2], KEYS[3], 1, tonumber(ARGV[2]))
 return 1
@@ -692,7 +744,7 @@ local function granted(field, suffix)
   if mode ~= 0 then
     redis.call('ZREM', side == 'w' and KEYS[4] or KEYS[5], token)
   end
-  wake_self(KEYS[7], mode, ARGV[5])
+  wake_self(KEYS[7], ARGV[5])
   return {1, (next_fence(KEYS[2], clock, clock)), expiry - now, clock}
 end
 if side == 'w' then

@@ -16,7 +16,7 @@ use crate::protocol::Hold;
 /// must acknowledge. With `lead` (a waiter's first attempt, [`Mode::Lead`]) an attempt goes
 /// ahead of the block, which then also watches the waiter's own wake list (first), where
 /// that attempt leaves a wake-up when it takes the lock. A `direct` waiter's attempt (a
-/// mutex's, see [`crate::scripts::RELEASE`]) always leads, in `mode`, and nothing follows
+/// mutex's or a semaphore's, see [`crate::scripts::RELEASE`]) always leads, in `mode`, and nothing follows
 /// the block: a release hands it the lock through its own wake list. `clock_us`: the
 /// client's estimate of the server's clock (see [`crate::core::server_time`]).
 #[allow(clippy::too_many_arguments)]

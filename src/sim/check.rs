@@ -135,13 +135,14 @@ impl Checker {
     /// A release that ran at `now` and handed the lock to a direct waiter: a grant, to the
     /// waiter's token (its reply names it).
     fn handed_over(&mut self, names: &[Name], command: &[Vec<u8>], reply: &Value, now: Micros) {
-        if !runs(command, &scripts::RELEASE) {
+        if !runs(command, &scripts::RELEASE) && !runs(command, &scripts::RELEASE_PERMIT) {
             return;
         }
         let Value::Array(items) = reply else {
             return;
         };
-        let (Some(Value::Int(2)), Some(Value::BulkString(token))) = (items.first(), items.get(1))
+        let (Some(Value::Int(1 | 2)), Some(Value::BulkString(token))) =
+            (items.first(), items.get(1))
         else {
             return;
         };

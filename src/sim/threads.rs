@@ -205,7 +205,7 @@ impl World {
             blocks: !self.redlock(),
             bounds: self.bounds(),
             replicas: wait_time(replicas),
-            direct: matches!(kind, Kind::Mutex) && replicas.is_none(),
+            direct: matches!(kind, Kind::Mutex | Kind::Permit(_)) && replicas.is_none(),
         };
         let stream = self.rng.u64(..) % 1_000_000;
         let seed = self.rng.u64(..);
@@ -839,8 +839,9 @@ impl World {
                     );
                     if direct && !lead_took && handed {
                         ran_at = self.check.handed_at(acq.name, acq.machine.token());
+                        let key = &acq.spec.key;
                         self.trace.line(self.now, || {
-                            format!("c{client}/t{task} was handed the lock by a release")
+                            format!("c{client}/t{task} was handed {key:?} by a release")
                         });
                     }
                     // When the server last saw the lock held for this acquisition (a

@@ -57,6 +57,66 @@ fn a_semaphore_admits_at_most_its_permits() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
 }
 
+/// A release hands its permit to the blocked waiter that registered first, with a fencing
+/// token above the releaser's, and the waiter sends nothing after its block; a permit
+/// handed to a waiter that vanished lapses with what was left of its registration.
+#[test]
+fn a_release_hands_its_permit_to_the_first_blocked_waiter() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let holder = client.semaphore("hand", 1).try_acquire().unwrap();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let p = client
+                .semaphore("hand", 1)
+                .ttl(Duration::from_secs(2))
+                .renew(false)
+                .acquire_timeout(Duration::from_secs(20))
+                .unwrap();
+            (p.token().to_owned(), p.fencing_token(), p)
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") > 0));
+    let scripts = || server.calls("evalsha") + server.calls("eval");
+    let before = scripts();
+    let first = holder.fencing_token();
+    holder.release().unwrap();
+    let (token, fencing, permit) = within(Duration::from_secs(10), move || waiter.join().unwrap());
+    assert_eq!(
+        scripts(),
+        before + 1,
+        "the waiter sent a script after its block"
+    );
+    assert!(fencing > first);
+    let stored: Vec<String> = server.cmd(&["ZRANGE", "hand", "0", "-1"]);
+    assert_eq!(stored, vec![token]);
+    permit.release().unwrap();
+    assert_eq!(server.cmd::<i64>(&["ZCARD", "hand"]), 0);
+
+    // A waiter that registered and vanished: handed the permit for what is left of its
+    // registration (1.5 s), not for its ttl (a minute).
+    let holder = client.semaphore("hand", 1).try_acquire().unwrap();
+    let now: Vec<String> = server.cmd(&["TIME"]);
+    let now_ms = now[0].parse::<u64>().unwrap() * 1000 + now[1].parse::<u64>().unwrap() / 1000;
+    let _: i64 = server.cmd(&[
+        "ZADD",
+        "redlease:queue:{hand}",
+        &(now_ms + 1500).to_string(),
+        "!60000|ghost",
+    ]);
+    holder.release().unwrap();
+    let expiry: f64 = server.cmd(&["ZSCORE", "hand", "ghost"]);
+    assert!(expiry <= (now_ms + 1500) as f64, "{expiry} {now_ms}");
+    let started = Instant::now();
+    let next = client
+        .semaphore("hand", 1)
+        .acquire_timeout(Duration::from_secs(10))
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    next.release().unwrap();
+}
+
 /// A release adds its wake-up to those no waiter has popped yet: two permits freed before
 /// either of two registered waiters blocks again leave two wake-ups, not one (a waiter
 /// would otherwise sit out its block beside a free permit).
