@@ -54,7 +54,7 @@ impl Acquire<'_> {
             blocks: self.server.capabilities().blocking,
             bounds,
             replicas: self.replicas.map_or(Duration::ZERO, |r| r.timeout),
-            direct: matches!(self.kind, Kind::Mutex | Kind::Permit(_)) && self.replicas.is_none(),
+            direct: self.kind.hands_over() && self.replicas.is_none(),
         };
         let label = self.owner_label.to_owned();
         let tokens = Box::new(move || token::new_token(&label));

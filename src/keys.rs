@@ -40,6 +40,13 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// Lock keys may not begin with this: it is where companion keys live.
 pub const RESERVED_PREFIX: &str = "redlease:";
 
+/// The kind of a lock's wake list (`redlease:wakeup:<tail>`).
+pub(crate) const WAKE: &str = "wakeup:";
+/// The kind of a waiter's own wake list (`redlease:wakeme:<tail>:<token>`): a kind of its
+/// own, so that no companion of another lock (whose name may end in `:<token>`) is ever
+/// one.
+pub(crate) const OWN_WAKE: &str = "wakeme:";
+
 /// Number of hash slots of a Redis Cluster.
 const SLOTS: usize = 16384;
 
@@ -117,7 +124,7 @@ impl LockKeys {
         };
         Ok(LockKeys {
             fence: companion("fence:", fence_tail),
-            wake: companion("wakeup:", &tail),
+            wake: companion(WAKE, &tail),
             queue: companion("queue:", &tail),
             grant: companion("grant:", &tail),
             waiting: companion("waiting:", &tail),
@@ -130,12 +137,16 @@ impl LockKeys {
 }
 
 impl LockKeys {
-    /// The wake list of the waiter whose token is `token` (its lead attempt wakes its own
-    /// block through it): the wake list's name and the token, so in the same slot (the
-    /// hash tag comes before the token).
+    /// The wake list of the waiter whose token is `token` (where a release hands it the
+    /// lock, and its leading attempt wakes its own block): the wake list's name under
+    /// [`OWN_WAKE`], then `:` and the token, so in the same slot (the hash tag comes before
+    /// the token). The scripts derive it the same way (`scripts::OWN_LIST`).
     pub fn own_wake(&self, token: &str) -> String {
+        let tail = &self.wake[RESERVED_PREFIX.len() + WAKE.len()..];
         let mut key = String::with_capacity(self.wake.len() + 1 + token.len());
-        key.push_str(&self.wake);
+        key.push_str(RESERVED_PREFIX);
+        key.push_str(OWN_WAKE);
+        key.push_str(tail);
         key.push(':');
         key.push_str(token);
         key
@@ -268,6 +279,33 @@ mod tests {
         assert!(LockKeys::new("", "").is_err());
         assert!(LockKeys::new("", &"k".repeat(MAX_KEY_LEN)).is_ok());
         assert!(LockKeys::new("p:", &"k".repeat(MAX_KEY_LEN - 1)).is_err());
+    }
+
+    /// A waiter's own wake list, where a release hands it the lock, is never a key of
+    /// another lock: not even of a lock named after the first one and the waiter's token
+    /// (whose wake list was the own list when own lists were named after the wake list).
+    #[test]
+    fn no_own_wake_list_is_a_key_of_another_lock() {
+        let token = "0d5b6a6e-6f4e-4d55-9a0f-1f2b3c4d5e6f:host/1";
+        for name in ["plain", "{s}", "x{t}y", "a}b", "{}"] {
+            let keys = LockKeys::new("", name).unwrap();
+            let own = keys.own_wake(token);
+            assert!(own.starts_with("redlease:wakeme:"), "{own}");
+            let other = LockKeys::new("", &format!("{name}:{token}")).unwrap();
+            for key in [
+                &other.lock,
+                &other.fence,
+                &other.wake,
+                &other.queue,
+                &other.grant,
+                &other.waiting,
+                &other.readers,
+                &other.reader_wake,
+                &other.holds,
+            ] {
+                assert_ne!(key, &own, "{name}");
+            }
+        }
     }
 
     /// Safety item 9: no two lock keys share a companion key (`abc` and `{abc}` did), and

@@ -134,7 +134,15 @@ impl Kind {
             Kind::Read | Kind::Write => Call::script(
                 script,
                 &k,
-                &[&token, &ttl_ms, &clock_us, &arg, &grace_ms, &self.side()],
+                &[
+                    &token,
+                    &ttl_ms,
+                    &clock_us,
+                    &arg,
+                    &grace_ms,
+                    &self.side(),
+                    &u8::from(direct),
+                ],
             ),
         }
     }
@@ -228,10 +236,25 @@ impl Kind {
                     &keys.queue,
                     &keys.readers,
                     &keys.reader_wake,
+                    &keys.fence,
                 ],
-                &[&token, &grace_ms, &withdraw, &self.side()],
+                &[
+                    &token,
+                    &grace_ms,
+                    &withdraw,
+                    &self.side(),
+                    &ttl_ms,
+                    &min_claim_ms,
+                ],
             ),
         }
+    }
+
+    /// Whether a release hands a hold of this kind to a waiter itself (see
+    /// [`scripts::RELEASE`]): a mutex, a semaphore's permit, a read-write lock's write
+    /// side. A reentrant lock's holds, and readers, are woken to try again.
+    pub fn hands_over(&self) -> bool {
+        matches!(self, Kind::Mutex | Kind::Permit(_) | Kind::Write)
     }
 
     /// The list a waiter of this kind blocks on.

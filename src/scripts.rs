@@ -54,6 +54,20 @@ local function now_ms()
 end
 ";
 
+/// `own_list(wake, token)`: the own wake list of the waiter whose token is `token`, beside
+/// the wake list `wake` (as [`crate::keys::LockKeys::own_wake`] names it).
+fn own_list() -> String {
+    use crate::keys::{OWN_WAKE, RESERVED_PREFIX, WAKE};
+    format!(
+        r"
+local function own_list(wake, token)
+  return '{RESERVED_PREFIX}{OWN_WAKE}' .. string.sub(wake, {}) .. ':' .. token
+end
+",
+        RESERVED_PREFIX.len() + WAKE.len() + 1
+    )
+}
+
 /// `next_fence(key, estimate, read)`: the next fencing token of a lock and the reading of
 /// the server's clock it made, if any. The token is the larger of the last one plus one and
 /// the server's clock in microseconds (a hybrid logical clock), so tokens strictly increase
@@ -145,8 +159,9 @@ local token = ARGV[1]
 local mode = tonumber(ARGV[4])
 local owner = ARGV[7]
 -- A waiter's registration: a direct waiter's names its ttl, so that a release can hand it
--- the lock itself (see RELEASE).
-local member = ARGV[6] == '1' and ('!' .. ARGV[2] .. '|' .. token) or token
+-- the lock itself (see RELEASE). Its other form, if any, goes with it.
+local direct = '!' .. ARGV[2] .. '|' .. token
+local member = ARGV[6] == '1' and direct or token
 -- A leading attempt (its waiter's own wake list passed last) that takes the lock leaves a
 -- wake-up there, which the block pipelined behind it pops at once.
 local own = KEYS[owner and 8 or 7]
@@ -166,7 +181,7 @@ if owner then
     redis.call('PEXPIRE', KEYS[1], lease)
     redis.call('PEXPIRE', KEYS[7], lease)
     if mode ~= 0 then
-      redis.call('ZREM', KEYS[4], member)
+      redis.call('ZREM', KEYS[4], token, direct)
     end
     wake_self()
     return {2, tonumber(h[3]), lease, holder}
@@ -174,7 +189,7 @@ if owner then
 end
 local function granted(lease)
   if mode ~= 0 then
-    redis.call('ZREM', KEYS[4], member)
+    redis.call('ZREM', KEYS[4], token, direct)
   end
   wake_self()
   local fence, read = 0, nil
@@ -236,10 +251,15 @@ if mode == 0 then
   return {0, pttl}
 end
 if mode == 3 then
-  redis.call('ZREM', KEYS[4], member)
+  redis.call('ZREM', KEYS[4], token, direct)
   return {0, pttl}
 end
 local lives = tonumber(ARGV[5])
+if own then
+  -- Whatever a block behind this attempt pops was pushed after it ran: a lock handed to
+  -- this token before now (and lost since, or this attempt would have found it) is gone.
+  redis.call('DEL', own)
+end
 -- By the server's clock: releases hand the lock over in the order of these scores (a
 -- client's estimate of the clock may lag another's).
 redis.call('ZADD', KEYS[4], now_ms() + lives, member)
@@ -355,8 +375,9 @@ return out
 /// and the waiters find the lock free at their next attempt.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW}{}{}",
+        "{NOW}{}{}{}",
         next_fence(),
+        own_list(),
         r"
 local got = redis.call('MGET', KEYS[1], KEYS[5])
 local holder, waiting = got[1], got[2]
@@ -411,9 +432,9 @@ local claim = math.min(math.max(score - now, tonumber(ARGV[3])), tonumber(ARGV[4
 local ttl, waiter = string.match(head[1], '^!(%d+)|(.+)$')
 if waiter then
   -- A direct waiter: the lock is its own now, with its fencing token.
-  redis.call('ZREM', KEYS[3], head[1])
+  redis.call('ZREM', KEYS[3], head[1], waiter)
   local lease = math.min(tonumber(ttl), claim)
-  local own = KEYS[2] .. ':' .. waiter
+  local own = own_list(KEYS[2], waiter)
   local drawn, fence = pcall(next_fence, KEYS[6], 0, us)
   local pushed = drawn
   if drawn then
@@ -517,11 +538,15 @@ return 0
 /// blocked waiters: added to those not popped yet (another release's), up to one per live
 /// registration.
 const WAITERS: &str = r"
-local function register(queue, token, mode, lives)
+local function register(queue, token, member, direct, mode, lives, own)
   if mode == 3 then
-    redis.call('ZREM', queue, token)
+    redis.call('ZREM', queue, token, direct)
   elseif mode ~= 0 then
-    redis.call('ZADD', queue, now_ms() + lives, token)
+    if own then
+      -- What the block behind this attempt pops was pushed after it ran (see ACQUIRE).
+      redis.call('DEL', own)
+    end
+    redis.call('ZADD', queue, now_ms() + lives, member)
     if redis.call('PTTL', queue) < lives then
       redis.call('PEXPIRE', queue, lives)
     end
@@ -573,7 +598,8 @@ pub(crate) static ACQUIRE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
         next_fence(),
         r"
 local token, ttl, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
-local member = ARGV[7] == '1' and ('!' .. ARGV[2] .. '|' .. token) or token
+local direct = '!' .. ARGV[2] .. '|' .. token
+local member = ARGV[7] == '1' and direct or token
 local clock = now_us()
 local now = math.floor(clock / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -586,12 +612,12 @@ if taken or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[6]) then
     redis.call('PEXPIRE', KEYS[1], expiry - now)
   end
   if mode ~= 0 then
-    redis.call('ZREM', KEYS[4], member)
+    redis.call('ZREM', KEYS[4], token, direct)
   end
   wake_self(KEYS[5], ARGV[5])
   return {1, (next_fence(KEYS[2], clock, clock)), expiry - now, clock}
 end
-register(KEYS[4], member, mode, tonumber(ARGV[5]))
+register(KEYS[4], token, member, direct, mode, tonumber(ARGV[5]), KEYS[5])
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {0, math.max(tonumber(first[2]) - now, 0)}
 "
@@ -635,8 +661,9 @@ return 1
 ///   handed to the waiter whose token that is, 0 when it was not held.
 pub(crate) static RELEASE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW}{}{WAITERS}{}",
+        "{NOW}{}{}{WAITERS}{}",
         next_fence(),
+        own_list(),
         r"
 if ARGV[3] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[1], '!' .. ARGV[4] .. '|' .. ARGV[1])
@@ -664,8 +691,8 @@ if waiter then
   -- A direct waiter: the permit is its own now, with its fencing token.
   local claim = math.min(math.max(tonumber(head[2]) - now, tonumber(ARGV[5])), tonumber(ARGV[2]))
   local lease = math.min(tonumber(ttl), claim)
-  local own = KEYS[2] .. ':' .. waiter
-  redis.call('ZREM', KEYS[3], head[1])
+  local own = own_list(KEYS[2], waiter)
+  redis.call('ZREM', KEYS[3], head[1], waiter)
   local drawn, fence = pcall(next_fence, KEYS[4], 0, us)
   local pushed = drawn
   if drawn then
@@ -701,9 +728,12 @@ return 1
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] (unused: the wake list, declared for
 ///   symmetry), KEYS[4] writers' queue, KEYS[5] readers' queue, KEYS[6] readers' wake list
-///   (a writer that gives up wakes the readers it kept out)
+///   (a writer that gives up wakes the readers it kept out); then, for an attempt that
+///   leads a block, the waiter's own wake list
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] (unused, as for a semaphore), ARGV[4] mode,
-///   ARGV[5] the waiter's grace ms, ARGV[6] `w` or `r`
+///   ARGV[5] the waiter's grace ms, ARGV[6] `w` or `r`, ARGV[7] `1` for a direct waiting
+///   writer, whose registration names its ttl (`!<ttl>|<token>`), so that a release can
+///   hand it the lock (see [`RELEASE_RW`])
 /// - Returns `{1, fencing_token, ttl_ms, clock_us}` or `{0, ms}` (until the first holder
 ///   expires).
 pub(crate) static ACQUIRE_RW: LazyLock<Lua> = LazyLock::new(|| {
@@ -712,6 +742,8 @@ pub(crate) static ACQUIRE_RW: LazyLock<Lua> = LazyLock::new(|| {
         next_fence(),
         r"
 local token, ttl, mode, side = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4]), ARGV[6]
+local direct = '!' .. ARGV[2] .. '|' .. token
+local member = ARGV[7] == '1' and direct or token
 local clock = now_us()
 local now = math.floor(clock / 1000)
 -- Prune holders whose lease ended; note the first expiry left.
@@ -742,7 +774,7 @@ local function granted(field, suffix)
     redis.call('PEXPIRE', KEYS[1], expiry - now)
   end
   if mode ~= 0 then
-    redis.call('ZREM', side == 'w' and KEYS[4] or KEYS[5], token)
+    redis.call('ZREM', side == 'w' and KEYS[4] or KEYS[5], token, direct)
   end
   wake_self(KEYS[7], ARGV[5])
   return {1, (next_fence(KEYS[2], clock, clock)), expiry - now, clock}
@@ -751,7 +783,7 @@ if side == 'w' then
   if writer == token or redis.call('HLEN', KEYS[1]) == 0 then
     return granted('w', ' ' .. token)
   end
-  register(KEYS[4], token, mode, tonumber(ARGV[5]))
+  register(KEYS[4], token, member, direct, mode, tonumber(ARGV[5]), KEYS[7])
   if mode == 3 and not writer and redis.call('ZCOUNT', KEYS[4], now, '+inf') == 0 then
     -- This writer gave up, and no other waits: the readers it kept out may come in.
     wake(KEYS[6], KEYS[5], 64, tonumber(ARGV[5]))
@@ -761,7 +793,7 @@ else
   if again or (not writer and redis.call('ZCARD', KEYS[4]) == 0) then
     return granted('r:' .. token, '')
   end
-  register(KEYS[5], token, mode, tonumber(ARGV[5]))
+  register(KEYS[5], token, token, token, mode, tonumber(ARGV[5]), KEYS[7])
 end
 return {0, first and math.max(first - now, 0) or -1}
 "
@@ -799,20 +831,29 @@ return 1
     ))
 });
 
-/// Read-write lock release: gives the hold back. When the lock is then free, it wakes one
-/// waiting writer (writers go first, so a stream of readers cannot starve them), or else
-/// every waiting reader (up to 64): readers and writers block on wake lists of their own.
+/// Read-write lock release: gives the hold back. When the lock is then free, it goes to a
+/// waiting writer first (so a stream of readers cannot starve them): handed to the first
+/// live registration when that is a direct writer's (as [`RELEASE`] hands a mutex over:
+/// field `w` under the writer's token for the shorter of its ttl and what is left of its
+/// registration, its fencing token drawn, `g<fencing token>:<lease ms>` pushed to its own
+/// wake list), else one waiting writer is woken; without a waiting writer, every waiting
+/// reader (up to 64) is woken. Readers and writers block on wake lists of their own.
 ///
 /// - KEYS[1] lock, KEYS[2] writers' wake list, KEYS[3] writers' queue, KEYS[4] readers'
-///   queue, KEYS[5] readers' wake list
-/// - ARGV[1] token, ARGV[2] grace ms, ARGV[3] withdraw, ARGV[4] `w` or `r`
-/// - Returns 1 when the hold was there (and is given back), 0 when it was not.
+///   queue, KEYS[5] readers' wake list, KEYS[6] fencing counter
+/// - ARGV[1] token, ARGV[2] grace ms, ARGV[3] withdraw, ARGV[4] `w` or `r`, ARGV[5] the
+///   withdrawing waiter's ttl ms, ARGV[6] the shortest lease of a lock handed over, ms
+/// - Returns 1 when the hold was there (and is given back), `{1, token}` when the lock was
+///   then handed to the writer whose token that is, 0 when the hold was not there.
 pub(crate) static RELEASE_RW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW}{WAITERS}{}",
+        "{NOW}{}{}{WAITERS}{}",
+        next_fence(),
+        own_list(),
         r"
 if ARGV[3] == '1' then
-  local was_waiting_writer = redis.call('ZREM', KEYS[3], ARGV[1]) == 1
+  local was_waiting_writer =
+    redis.call('ZREM', KEYS[3], ARGV[1], '!' .. ARGV[5] .. '|' .. ARGV[1]) == 1
   redis.call('ZREM', KEYS[4], ARGV[1])
   if was_waiting_writer and not redis.call('HGET', KEYS[1], 'w')
       and redis.call('ZCOUNT', KEYS[3], now_ms(), '+inf') == 0 then
@@ -835,8 +876,38 @@ if tonumber(expiry) <= now_ms() then
 end
 local lives = tonumber(ARGV[2])
 if redis.call('HLEN', KEYS[1]) == 0 then
-  -- Free: a waiting writer first (one wake-up); otherwise every waiting reader.
-  if redis.call('EXISTS', KEYS[3]) == 1 and redis.call('ZCOUNT', KEYS[3], now_ms(), '+inf') > 0 then
+  -- Free: a waiting writer first (handed over, or one wake-up); otherwise every waiting
+  -- reader.
+  local us = now_us()
+  local now = math.floor(us / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  if head[2] then
+    local ttl, waiter = string.match(head[1], '^!(%d+)|(.+)$')
+    if waiter then
+      local claim = math.min(math.max(tonumber(head[2]) - now, tonumber(ARGV[6])), lives)
+      local lease = math.min(tonumber(ttl), claim)
+      local own = own_list(KEYS[2], waiter)
+      redis.call('ZREM', KEYS[3], head[1], waiter)
+      local drawn, fence = pcall(next_fence, KEYS[6], 0, us)
+      local pushed = drawn
+      if drawn then
+        for _, r in ipairs({
+          redis.pcall('HSET', KEYS[1], 'w', string.format('%.0f', now + lease) .. ' ' .. waiter),
+          redis.pcall('RPUSH', own, 'g' .. string.format('%.0f', fence) .. ':' .. lease),
+        }) do
+          if type(r) == 'table' and r.err then
+            pushed = false
+          end
+        end
+      end
+      if pushed then
+        redis.call('PEXPIRE', own, lease)
+        redis.call('PEXPIRE', KEYS[1], lease)
+        return {1, waiter}
+      end
+      redis.call('DEL', KEYS[1], own)
+    end
     wake(KEYS[2], KEYS[3], 1, lives)
   else
     wake(KEYS[5], KEYS[4], 64, lives)

@@ -72,10 +72,10 @@ pub(crate) struct AcquireSpec {
     pub bounds: Bounds,
     /// How long replicas are waited for after each write (`min_replicas`; zero without).
     pub replicas: Duration,
-    /// A waiter that blocks lets a release hand it the lock itself (a mutex, or a
-    /// semaphore's permit, whose writes no replica must acknowledge): every attempt leads
-    /// its block, and a grant arrives on the waiter's own wake list (see
-    /// [`crate::scripts::RELEASE`]).
+    /// A waiter that blocks lets a release hand it the lock itself (a kind that
+    /// [`crate::kinds::Kind::hands_over`], whose writes no replica must acknowledge):
+    /// every attempt leads its block, and a grant arrives on the waiter's own wake list
+    /// (see [`crate::scripts::RELEASE`]).
     pub direct: bool,
 }
 

@@ -216,19 +216,28 @@ pub(crate) fn attempt(reply: Option<Value>) -> Result<AttemptReply> {
 }
 
 /// Reads the reply of a direct waiter's block: a grant a release left on the waiter's own
-/// wake list (`g<fencing token>:<lease ms>`, see [`crate::scripts::RELEASE`]) is the lock
-/// taken; anything else (a timeout, the waiter's own wake-up, an element of the shared wake
-/// list) is not.
+/// wake list `own_wake` (`g<fencing token>:<lease ms>`, see [`crate::scripts::RELEASE`])
+/// is the lock taken, leased for at most the `ttl` the waiter asked for; anything else (a
+/// timeout, the waiter's own wake-up, an element of another list) is not.
 ///
 /// Errors: the server's error, or [`ErrorKind::Server`] for a grant that does not parse.
-pub(crate) fn woken(reply: Option<Value>) -> Result<Option<AttemptReply>> {
+pub(crate) fn woken(
+    reply: Option<Value>,
+    own_wake: &str,
+    ttl: Duration,
+) -> Result<Option<AttemptReply>> {
     let reply = value(reply)?;
     let Value::Array(items) = &reply else {
         return Ok(None);
     };
-    let Some(Value::BulkString(element)) = items.get(1) else {
+    let (Some(Value::BulkString(list)), Some(Value::BulkString(element))) =
+        (items.first(), items.get(1))
+    else {
         return Ok(None);
     };
+    if list.as_slice() != own_wake.as_bytes() {
+        return Ok(None);
+    }
     let Some(grant) = element.strip_prefix(b"g") else {
         return Ok(None);
     };
@@ -240,7 +249,7 @@ pub(crate) fn woken(reply: Option<Value>) -> Result<Option<AttemptReply>> {
     match parsed {
         Some((fencing_token, lease)) => Ok(Some(AttemptReply::Granted {
             fencing_token,
-            lease,
+            lease: lease.min(ttl),
             server_clock: None,
         })),
         None => Err(unexpected("release (its grant)", &reply)),
@@ -413,25 +422,34 @@ mod tests {
 
     #[test]
     fn a_block_is_a_lock_taken_only_when_it_popped_a_grant() {
-        let popped = |element: &[u8]| {
+        let from = |list: &str, element: &[u8]| {
             Some(Value::Array(vec![
-                Value::BulkString(b"own".to_vec()),
+                Value::BulkString(list.as_bytes().to_vec()),
                 Value::BulkString(element.to_vec()),
             ]))
         };
+        let popped = |element: &[u8]| from("own", element);
+        let read = |reply| woken(reply, "own", Duration::from_secs(10));
         assert_eq!(
-            woken(popped(b"g1700000000000123:2500")).unwrap(),
+            read(popped(b"g1700000000000123:2500")).unwrap(),
             Some(AttemptReply::Granted {
                 fencing_token: 1_700_000_000_000_123,
                 lease: Duration::from_millis(2500),
                 server_clock: None,
             })
         );
-        assert_eq!(woken(Some(Value::Nil)).unwrap(), None);
-        assert_eq!(woken(popped(b"1")).unwrap(), None);
-        assert_eq!(woken(popped(b"3f2a-handoff-token")).unwrap(), None);
+        // Never longer than the waiter asked for.
+        match woken(popped(b"g7:2500"), "own", Duration::from_secs(1)).unwrap() {
+            Some(AttemptReply::Granted { lease, .. }) => assert_eq!(lease, Duration::from_secs(1)),
+            other => panic!("{other:?}"),
+        }
+        // Only from the waiter's own list.
+        assert_eq!(read(from("shared", b"g7:2500")).unwrap(), None);
+        assert_eq!(read(Some(Value::Nil)).unwrap(), None);
+        assert_eq!(read(popped(b"1")).unwrap(), None);
+        assert_eq!(read(popped(b"3f2a-handoff-token")).unwrap(), None);
         for bad in [&b"g12"[..], b"g:5", b"g5:0", b"gx:5", b"g-1:5"] {
-            assert_eq!(woken(popped(bad)).unwrap_err().kind(), ErrorKind::Server);
+            assert_eq!(read(popped(bad)).unwrap_err().kind(), ErrorKind::Server);
         }
     }
 }

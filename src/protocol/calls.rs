@@ -15,8 +15,8 @@ use crate::protocol::Hold;
 /// runs the moment the block returns), the kind's acquire script, and `WAIT` when replicas
 /// must acknowledge. With `lead` (a waiter's first attempt, [`Mode::Lead`]) an attempt goes
 /// ahead of the block, which then also watches the waiter's own wake list (first), where
-/// that attempt leaves a wake-up when it takes the lock. A `direct` waiter's attempt (a
-/// mutex's or a semaphore's, see [`crate::scripts::RELEASE`]) always leads, in `mode`, and nothing follows
+/// that attempt leaves a wake-up when it takes the lock. A `direct` waiter's attempt (see
+/// [`crate::kinds::Kind::hands_over`]) always leads, in `mode`, and nothing follows
 /// the block: a release hands it the lock through its own wake list. `clock_us`: the
 /// client's estimate of the server's clock (see [`crate::core::server_time`]).
 #[allow(clippy::too_many_arguments)]
@@ -44,7 +44,9 @@ pub(crate) fn attempt(
             grace.as_millis() as u64,
             clock_us,
             lead,
-            direct,
+            // Registered as a direct waiter only ahead of a block, where a handoff is
+            // popped at once (a waiter sleeping instead would hold a lock handed to it).
+            direct && lead,
         )
     };
     if let Some(block) = block {
@@ -92,20 +94,27 @@ pub(crate) fn attempt_script(
     )
 }
 
+/// A direct waiter's block (see [`attempt`]): its own wake list, and the ttl it asked for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Direct<'a> {
+    pub own_wake: &'a str,
+    pub ttl: Duration,
+}
+
 /// Reads the replies of [`attempt`]'s calls (`blocked`: a block went first, `lead`: with an
-/// attempt ahead of it, `direct`: and nothing after it), written at `sent_at`. A lead
-/// attempt that took the lock is the answer (the attempt after the block found the key
-/// already under the token). A direct waiter's block that popped a grant from its own wake
-/// list is a lock taken, with the grant's fencing token and lease: the release that made
-/// it ran after the attempt ahead of the block (which would otherwise have found the key
-/// under its token), so after `sent_at`.
+/// attempt ahead of it, `direct`: a direct waiter's, with nothing after the block), written
+/// at `sent_at`. A lead attempt that took the lock is the answer (the attempt after the
+/// block found the key already under the token). A direct waiter's block that popped a
+/// grant from its own wake list is a lock taken, with the grant's fencing token and lease
+/// (at most the ttl asked for): the attempt ahead of the block cleared the list, so the
+/// release that made the grant ran after it, after `sent_at`.
 ///
 /// Errors: the server's error (also one answering the block), or a reply of another shape.
 pub(crate) fn read_attempt(
     mut values: Vec<Value>,
     blocked: bool,
     lead: bool,
-    direct: bool,
+    direct: Option<Direct<'_>>,
     replicas: Option<Replicas>,
     sent_at: Instant,
 ) -> Result<Answer<AttemptReply>> {
@@ -120,8 +129,9 @@ pub(crate) fn read_attempt(
                 unacknowledged,
             });
         }
-        if direct {
-            let reply = match reply::woken(values.into_iter().next())? {
+        if let Some(direct) = direct {
+            let block = values.into_iter().next();
+            let reply = match reply::woken(block, direct.own_wake, direct.ttl)? {
                 Some(granted) => granted,
                 None => first,
             };

@@ -85,11 +85,16 @@ impl LockServer for Routed {
         };
         let arrived = Instant::now();
         let sent = replies.sent_at;
+        let own_wake = request.hold.keys.own_wake(request.hold.token);
+        let direct = (request.direct && request.block.is_some()).then_some(calls::Direct {
+            own_wake: &own_wake,
+            ttl: request.ttl,
+        });
         let answer = calls::read_attempt(
             replies.values,
             request.block.is_some(),
             request.lead,
-            request.direct,
+            direct,
             request.replicas,
             sent,
         )?;
@@ -341,6 +346,54 @@ mod tests {
                     "{kind:?}: the hold's own expiry was cut to {value}"
                 );
             }
+        }
+    }
+
+    /// A lock handed to a waiter and lost before the waiter's next round (its key deleted
+    /// or evicted, and taken by another) leaves the grant on the waiter's own wake list:
+    /// the attempt that leads the waiter's next block clears the list, so the block cannot
+    /// pop it and the waiter is not told it holds the lock (found by an attacker: the
+    /// grant's list could also outlive its key by a millisecond).
+    #[test]
+    fn a_stale_grant_on_a_waiters_own_list_is_never_believed() {
+        let server = RedisServer::start();
+        let client = crate::Client::open(&server.url()).unwrap();
+        let lock_server = &client.inner.server;
+        let exec = Exec::new(Lane::Urgent, Duration::from_secs(2));
+        for kind in [Kind::Mutex, Kind::Permit(1), Kind::Write] {
+            let name = format!("stale-{kind:?}").replace(['(', ')'], "");
+            let keys = LockKeys::new("", &name).unwrap();
+            let other = Hold {
+                kind: &kind,
+                keys: &keys,
+                token: "other",
+            };
+            let taken = lock_server.attempt(&once(other, exec)).unwrap().unwrap();
+            assert!(
+                matches!(taken.reply, AttemptReply::Granted { .. }),
+                "{kind:?}"
+            );
+            let own = keys.own_wake("w1");
+            let _: i64 = server.cmd(&["RPUSH", &own, "g5:60000"]);
+            let request = AttemptRequest {
+                mode: Mode::Lead,
+                block: Some(Duration::from_millis(50)),
+                lead: true,
+                direct: true,
+                ..once(
+                    Hold {
+                        kind: &kind,
+                        keys: &keys,
+                        token: "w1",
+                    },
+                    exec,
+                )
+            };
+            let answer = lock_server.attempt(&request).unwrap().unwrap();
+            assert!(
+                matches!(answer.reply, AttemptReply::Busy { .. }),
+                "{kind:?}: {answer:?}"
+            );
         }
     }
 }

@@ -135,7 +135,12 @@ impl Checker {
     /// A release that ran at `now` and handed the lock to a direct waiter: a grant, to the
     /// waiter's token (its reply names it).
     fn handed_over(&mut self, names: &[Name], command: &[Vec<u8>], reply: &Value, now: Micros) {
-        if !runs(command, &scripts::RELEASE) && !runs(command, &scripts::RELEASE_PERMIT) {
+        let releases = [
+            &*scripts::RELEASE,
+            &*scripts::RELEASE_PERMIT,
+            &*scripts::RELEASE_RW,
+        ];
+        if !releases.iter().any(|script| runs(command, script)) {
             return;
         }
         let Value::Array(items) = reply else {

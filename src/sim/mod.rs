@@ -49,7 +49,9 @@ const GROUP_SEEDS: usize = 500;
 /// of the same acquisition had taken the expired key again under the same token, and the
 /// release had found that; 427540, a fencing token drawn from a client's estimate of the
 /// server's clock (its reading had come back late) fell behind a token issued before a
-/// restart that lost the counter; 8038538 (checker), an adopt whose check ran before a
+/// restart that lost the counter; 3182022, a late copy of a writer's attempt found its own
+/// token holding the lock and cut the hold back to its own, shorter ttl, below what an
+/// extend had told the holder; 8038538 (checker), an adopt whose check ran before a
 /// restart that lost the server's data, and was answered after it, was timed from its
 /// answer, so the documented loss was not seen as one; 10010127 (checker), a release that
 /// handed the lock to a waiter went with its script's text (after a restart emptied the

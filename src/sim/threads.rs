@@ -205,7 +205,7 @@ impl World {
             blocks: !self.redlock(),
             bounds: self.bounds(),
             replicas: wait_time(replicas),
-            direct: matches!(kind, Kind::Mutex | Kind::Permit(_)) && replicas.is_none(),
+            direct: kind.hands_over() && replicas.is_none(),
         };
         let stream = self.rng.u64(..) % 1_000_000;
         let seed = self.rng.u64(..);
@@ -828,8 +828,18 @@ impl World {
                         (false, _) => usize::from(blocked),
                     };
                     let mut ran_at = times.get(script).copied();
-                    let read =
-                        calls::read_attempt(values, blocked, lead, direct, acq.replicas, sent_at);
+                    let own_wake = self.keys(acq.name).own_wake(acq.machine.token());
+                    let read = calls::read_attempt(
+                        values,
+                        blocked,
+                        lead,
+                        direct.then_some(calls::Direct {
+                            own_wake: &own_wake,
+                            ttl: acq.spec.ttl,
+                        }),
+                        acq.replicas,
+                        sent_at,
+                    );
                     let handed = matches!(
                         &read,
                         Ok(Answer {
@@ -888,7 +898,7 @@ impl World {
             .iter()
             .map(|a| match a {
                 Some(Ok(values)) => {
-                    calls::read_attempt(values.clone(), false, false, false, None, round.started)
+                    calls::read_attempt(values.clone(), false, false, None, None, round.started)
                         .map(|a| a.reply)
                 }
                 Some(Err(e)) => Err(e.clone()),

@@ -611,3 +611,89 @@ fn holder_fence(element: &str) -> u64 {
     let (fence, _) = element[1..].split_once(':').unwrap();
     fence.parse().unwrap()
 }
+
+/// A waiter's own wake list, where a release hands it the lock, is no key of any other
+/// lock, even of one named after the first lock and the waiter's token: a waiter on that
+/// other lock never takes a grant meant for the first (found by an attacker, when own
+/// lists were named after the wake list: a second holder).
+#[test]
+fn a_grant_for_a_waiter_of_one_lock_never_reaches_a_waiter_of_another() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let token = "0d5b6a6e-6f4e-4d55-9a0f-1f2b3c4d5e6f:gone";
+    let x = client.lock("{s}").try_acquire().unwrap();
+    // A waiter on {s}, registered, whose process died.
+    let now: Vec<String> = server.cmd(&["TIME"]);
+    let now_ms = now[0].parse::<u64>().unwrap() * 1000 + now[1].parse::<u64>().unwrap() / 1000;
+    let queue = keys_of(&server, "queue:", "{s}");
+    assert_eq!(queue.len(), 0);
+    redis::cmd("ZADD")
+        .arg("redlease:queue:={s}")
+        .arg(now_ms + 5000)
+        .arg(format!("!10000|{token}"))
+        .query::<()>(&mut server.conn())
+        .unwrap();
+    server.cmd::<()>(&["SET", "redlease:waiting:={s}", "1", "PX", "5000"]);
+    // The lock named after it and the token, held, with a waiter.
+    let other = format!("{{s}}:{token}");
+    let y = client.lock(&other).try_acquire().unwrap();
+    let waiter = {
+        let (client, other) = (client.clone(), other.clone());
+        std::thread::spawn(move || {
+            client
+                .lock(&other)
+                .acquire_timeout(Duration::from_millis(1500))
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") > 0));
+    x.release().unwrap();
+    assert_eq!(
+        server.cmd::<String>(&["GET", "{s}"]),
+        token,
+        "handed to the dead waiter"
+    );
+    let result = within(Duration::from_secs(10), move || waiter.join().unwrap());
+    assert_eq!(result.map(drop).unwrap_err().kind(), ErrorKind::Busy);
+    assert!(y.is_held());
+    assert_eq!(server.cmd::<String>(&["GET", &other]), y.token());
+}
+
+/// A waiter that finds no blocking connection (more waiters than the pool) sleeps between
+/// attempts, and registers as a waiter to wake, not to hand the lock to: a lock handed to
+/// it would sit unused while it sleeps (found by an attacker). Both waiters get the lock.
+#[test]
+fn a_waiter_without_a_blocking_connection_is_woken_not_handed_the_lock() {
+    let server = RedisServer::start();
+    let holder = client(&server.url())
+        .lock("sleepers")
+        .try_acquire()
+        .unwrap();
+    let options = ClientOptions::default().pool_size(1);
+    let waiters = Client::with_options(&server.url(), options).unwrap();
+    let wait = |waiters: &Client| {
+        let waiters = waiters.clone();
+        std::thread::spawn(move || {
+            let g = waiters
+                .lock("sleepers")
+                .acquire_timeout(Duration::from_secs(30))
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            g.release().unwrap();
+        })
+    };
+    let blocked = wait(&waiters);
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") > 0));
+    let sleeping = wait(&waiters);
+    let queue = "redlease:queue:{sleepers}";
+    assert!(eventually(Duration::from_secs(5), || {
+        server.cmd::<i64>(&["ZCARD", queue]) == 2
+    }));
+    let members: Vec<String> = server.cmd(&["ZRANGE", queue, "0", "-1"]);
+    let direct = members.iter().filter(|m| m.starts_with('!')).count();
+    assert_eq!(direct, 1, "{members:?}");
+    holder.release().unwrap();
+    within(Duration::from_secs(30), move || {
+        blocked.join().unwrap();
+        sleeping.join().unwrap();
+    });
+}
