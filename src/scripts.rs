@@ -155,6 +155,19 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
         "{NOW}{}{}",
         next_fence(),
         r"
+if ARGV[4] == '0' and not ARGV[7] then
+  -- A mutex's single attempt, the most common acquire: nothing more to define.
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    local fence, read = 0, nil
+    if ARGV[3] ~= '1' then
+      fence, read = next_fence(KEYS[2], tonumber(ARGV[3]) or 0, nil)
+    end
+    if read then
+      return {1, fence, tonumber(ARGV[2]), read}
+    end
+    return {1, fence, tonumber(ARGV[2])}
+  end
+end
 local token = ARGV[1]
 local mode = tonumber(ARGV[4])
 local owner = ARGV[7]
@@ -214,7 +227,8 @@ local function take_grant()
 end
 local holder
 if mode == 0 then
-  if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+  -- (A mutex's single attempt tried this above.)
+  if owner and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
     return granted(tonumber(ARGV[2]))
   end
   holder = redis.call('GET', KEYS[1])
@@ -375,11 +389,19 @@ return out
 /// and the waiters find the lock free at their next attempt.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW}{}{}{}",
+        "{}{NOW}{}{}{}",
+        r"
+local got = redis.call('MGET', KEYS[1], KEYS[5])
+if got[1] == ARGV[1] and not got[2] and ARGV[5] ~= '1' and not ARGV[7] then
+  -- A mutex released with nobody registered, the most common release: nothing more to
+  -- define.
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+",
         next_fence(),
         own_list(),
         r"
-local got = redis.call('MGET', KEYS[1], KEYS[5])
 local holder, waiting = got[1], got[2]
 local held = holder == ARGV[1]
 local owner = ARGV[7]
