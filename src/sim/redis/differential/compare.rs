@@ -47,12 +47,25 @@ fn close(a: i64, b: i64) -> bool {
     a == b || (a >= 0 && b >= 0 && (a - b).abs() <= tolerance)
 }
 
-/// Strings equal, or timestamps (ms or µs, with an optional ` rest`) within tolerance.
+/// A lock handed over on a waiter's own wake list: `g<fencing token>:<lease ms>`, both
+/// read from the clock.
+fn grant(s: &[u8]) -> Option<(i64, i64)> {
+    let (fence, lease) = std::str::from_utf8(s.strip_prefix(b"g")?)
+        .ok()?
+        .split_once(':')?;
+    Some((fence.parse().ok()?, lease.parse().ok()?))
+}
+
+/// Strings equal, or timestamps (ms or µs, with an optional ` rest`) within tolerance, or
+/// grants whose fencing token and lease are.
 fn same_text(model: &Value, real: &Value) -> bool {
     match (model, real) {
         (Value::BulkString(m), Value::BulkString(r)) => {
             if m == r {
                 return true;
+            }
+            if let (Some((f1, l1)), Some((f2, l2))) = (grant(m), grant(r)) {
+                return close(f1, f2) && close(l1, l2);
             }
             match (leading_number(m), leading_number(r)) {
                 (Some(a), Some(b)) if a > 100_000_000_000 && b > 100_000_000_000 => {

@@ -31,6 +31,13 @@ pub(super) const RW: [&str; 6] = [
 ];
 const OTHER: [&str; 3] = ["k1", "k2", "z"];
 
+/// The own wake list of the waiter `token`, as the release scripts name it beside these
+/// families' wake lists (`{X}:wake` is shorter than the prefix they cut: nothing is left
+/// of it but the token).
+fn own(token: &str) -> String {
+    format!("redlease:wakeme::{token}")
+}
+
 /// The keys that hold each type when the scripts use them as they should.
 const STRINGS: [&str; 8] = [
     "k1",
@@ -148,24 +155,31 @@ impl Generator {
                     self.clock(),
                     self.mode(),
                     self.grace(),
+                    self.pick(&["0", "1"]).into(),
                 ];
                 if reentrant {
                     k.push(self.role(LOCK[6]));
+                    a[5] = "0".into();
                     a.push(self.pick(&["o1", "o2"]).into());
                 } else if a[3] == "0" && self.chance(50) {
                     // A single attempt passes the key and the fencing counter only.
                     k.truncate(2);
                 }
+                if a[3] != "0" && self.chance(40) {
+                    // An attempt that leads a block: the waiter's own list last.
+                    k.push(own(&a[0]));
+                }
                 ("ACQUIRE", &ACQUIRE, k, a)
             }
             1 => {
-                let mut k = keys(self, &LOCK, &[0, 2, 3, 4, 5]);
+                let mut k = keys(self, &LOCK, &[0, 2, 3, 4, 5, 1]);
                 let mut a = vec![
                     self.token(),
                     self.pick(&["g1", "g2"]).into(),
                     "200".into(),
                     self.grace(),
                     self.pick(&["0", "1"]).into(),
+                    self.ttl(),
                 ];
                 if reentrant {
                     k.push(self.role(LOCK[6]));
@@ -181,7 +195,7 @@ impl Generator {
                 ("EXTEND", &EXTEND, k, vec![self.token(), self.ttl()])
             }
             3 => {
-                let k = keys(self, &SEM, &[0, 1, 2, 3]);
+                let mut k = keys(self, &SEM, &[0, 1, 2, 3]);
                 let a = vec![
                     self.token(),
                     self.ttl(),
@@ -189,7 +203,11 @@ impl Generator {
                     self.mode(),
                     self.grace(),
                     self.pick(&["1", "2", "3"]).into(),
+                    self.pick(&["0", "1"]).into(),
                 ];
+                if a[3] != "0" && self.chance(40) {
+                    k.push(own(&a[0]));
+                }
                 ("ACQUIRE_PERMIT", &ACQUIRE_PERMIT, k, a)
             }
             4 => {
@@ -202,12 +220,18 @@ impl Generator {
                 )
             }
             5 => {
-                let k = keys(self, &SEM, &[0, 2, 3]);
-                let a = vec![self.token(), self.grace(), self.pick(&["0", "1"]).into()];
+                let k = keys(self, &SEM, &[0, 2, 3, 1]);
+                let a = vec![
+                    self.token(),
+                    self.grace(),
+                    self.pick(&["0", "1"]).into(),
+                    self.ttl(),
+                    "200".into(),
+                ];
                 ("RELEASE_PERMIT", &RELEASE_PERMIT, k, a)
             }
             6 => {
-                let k = keys(self, &RW, &[0, 1, 2, 3, 4, 5]);
+                let mut k = keys(self, &RW, &[0, 1, 2, 3, 4, 5]);
                 let a = vec![
                     self.token(),
                     self.ttl(),
@@ -215,7 +239,11 @@ impl Generator {
                     self.mode(),
                     self.grace(),
                     self.pick(&["w", "r"]).into(),
+                    self.pick(&["0", "1"]).into(),
                 ];
+                if a[3] != "0" && self.chance(40) {
+                    k.push(own(&a[0]));
+                }
                 ("ACQUIRE_RW", &ACQUIRE_RW, k, a)
             }
             7 => {
@@ -238,12 +266,14 @@ impl Generator {
                 ("ACQUIRE_ALL", &ACQUIRE_ALL, k, a)
             }
             _ => {
-                let k = keys(self, &RW, &[0, 2, 3, 4, 5]);
+                let k = keys(self, &RW, &[0, 2, 3, 4, 5, 1]);
                 let a = vec![
                     self.token(),
                     self.grace(),
                     self.pick(&["0", "1"]).into(),
                     self.pick(&["w", "r"]).into(),
+                    self.ttl(),
+                    "200".into(),
                 ];
                 ("RELEASE_RW", &RELEASE_RW, k, a)
             }
@@ -309,7 +339,9 @@ impl Generator {
     /// paths (random commands alone rarely line them up).
     pub(super) fn scenario(&mut self) -> Vec<Step> {
         let lock6 = &LOCK[..6];
-        let release5 = [LOCK[0], LOCK[2], LOCK[3], LOCK[4], LOCK[5]];
+        let release6 = [LOCK[0], LOCK[2], LOCK[3], LOCK[4], LOCK[5], LOCK[1]];
+        // Waiters to be handed the lock (their registrations name their ttl), or woken.
+        let direct = self.pick(&["0", "1"]);
         let holder = self.pick(&["t1", "t2"]);
         let ttl = self.pick(&["1000", "5000", "30000"]);
         let grace = self.pick(&["1000", "5000"]);
@@ -326,7 +358,7 @@ impl Generator {
                     "ACQUIRE",
                     &ACQUIRE,
                     lock6,
-                    &[holder, ttl, fence, "0", grace],
+                    &[holder, ttl, fence, "0", grace, "0"],
                 ));
                 let order = if self.chance(50) {
                     [(B, "t2"), (D, "t3")]
@@ -338,11 +370,17 @@ impl Generator {
                         "ACQUIRE",
                         &ACQUIRE,
                         lock6,
-                        &[token, ttl, fence, "1", grace],
+                        &[token, ttl, fence, "1", grace, direct],
                     ));
                     if self.chance(85) {
                         let timeout = self.pick(&["1", "2", "0"]);
-                        steps.push(self.blpop_on(who, LOCK[2], timeout, Some(token)));
+                        if direct == "1" {
+                            let own = own(token);
+                            let blpop = [s("BLPOP"), own, s(LOCK[2]), s(timeout)];
+                            steps.push(send(who, &blpop, None, Rule::Text));
+                        } else {
+                            steps.push(self.blpop_on(who, LOCK[2], timeout, Some(token)));
+                        }
                     }
                 }
                 if self.chance(30) {
@@ -352,12 +390,17 @@ impl Generator {
                 steps.push(self.call(
                     "RELEASE",
                     &RELEASE,
-                    &release5,
-                    &[holder, "g1", "200", grace, withdraw],
+                    &release6,
+                    &[holder, "g1", "200", grace, withdraw, ttl],
                 ));
                 let next = self.pick(&["t3", "g1", holder]);
                 let mode = self.pick(&["1", "2", "3"]);
-                steps.push(self.call("ACQUIRE", &ACQUIRE, lock6, &[next, ttl, fence, mode, grace]));
+                steps.push(self.call(
+                    "ACQUIRE",
+                    &ACQUIRE,
+                    lock6,
+                    &[next, ttl, fence, mode, grace, direct],
+                ));
                 let first = order[0].1;
                 if self.chance(50) {
                     steps.push(self.call("EXTEND", &EXTEND, &[LOCK[0]], &[first, ttl]));
@@ -365,15 +408,15 @@ impl Generator {
                 steps.push(self.call(
                     "RELEASE",
                     &RELEASE,
-                    &release5,
-                    &[first, "g2", "200", grace, "0"],
+                    &release6,
+                    &[first, "g2", "200", grace, "0", ttl],
                 ));
                 let second = order[1].1;
                 steps.push(self.call(
                     "RELEASE",
                     &RELEASE,
-                    &release5,
-                    &[second, "g1", "200", grace, "1"],
+                    &release6,
+                    &[second, "g1", "200", grace, "1", ttl],
                 ));
             }
             1 => {
@@ -384,14 +427,15 @@ impl Generator {
                         "ACQUIRE_PERMIT",
                         &ACQUIRE_PERMIT,
                         &SEM,
-                        &[token, ttl, fence, mode, grace, permits],
+                        &[token, ttl, fence, mode, grace, permits, direct],
                     )
                 };
                 steps.push(acquire(self, "t1", "0"));
                 steps.push(acquire(self, "t2", "0"));
                 steps.push(acquire(self, "t3", "1"));
                 if self.chance(70) {
-                    steps.push(send(B, &[s("BLPOP"), s(SEM[2]), s("1")], None, Rule::Exact));
+                    let blpop = [s("BLPOP"), own("t3"), s(SEM[2]), s("1")];
+                    steps.push(send(B, &blpop, None, Rule::Text));
                 }
                 if self.chance(50) {
                     steps.push(send(
@@ -401,12 +445,12 @@ impl Generator {
                         Rule::Exact,
                     ));
                 }
-                let sem_release = [SEM[0], SEM[2], SEM[3]];
+                let sem_release = [SEM[0], SEM[2], SEM[3], SEM[1]];
                 steps.push(self.call(
                     "RELEASE_PERMIT",
                     &RELEASE_PERMIT,
                     &sem_release,
-                    &["t1", grace, "0"],
+                    &["t1", grace, "0", ttl, "200"],
                 ));
                 steps.push(acquire(self, "t3", "2"));
                 steps.push(self.call("EXTEND_PERMIT", &EXTEND_PERMIT, &[SEM[0]], &["t3", ttl]));
@@ -415,19 +459,19 @@ impl Generator {
                     "RELEASE_PERMIT",
                     &RELEASE_PERMIT,
                     &sem_release,
-                    &["t2", grace, withdraw],
+                    &["t2", grace, withdraw, ttl, "200"],
                 ));
             }
             2 => {
                 // Read-write lock: a writer, waiting readers and a waiting writer; the
                 // writer's release or a waiting writer giving up wakes them.
-                let release5 = [RW[0], RW[2], RW[3], RW[4], RW[5]];
+                let release6 = [RW[0], RW[2], RW[3], RW[4], RW[5], RW[1]];
                 let acquire = |g: &mut Self, token: &str, mode: &str, side: &str| {
                     g.call(
                         "ACQUIRE_RW",
                         &ACQUIRE_RW,
                         &RW,
-                        &[token, ttl, fence, mode, grace, side],
+                        &[token, ttl, fence, mode, grace, side, direct],
                     )
                 };
                 steps.push(acquire(self, holder, "0", "w"));
@@ -443,11 +487,15 @@ impl Generator {
                     steps.push(acquire(self, other, "3", "w"));
                 }
                 steps.push(self.call("EXTEND_RW", &EXTEND_RW, &[RW[0]], &[holder, ttl, "w"]));
+                if direct == "1" && self.chance(60) {
+                    let blpop = [s("BLPOP"), own(other), s(RW[2]), s("1")];
+                    steps.push(send(D, &blpop, None, Rule::Text));
+                }
                 steps.push(self.call(
                     "RELEASE_RW",
                     &RELEASE_RW,
-                    &release5,
-                    &[holder, grace, "0", "w"],
+                    &release6,
+                    &[holder, grace, "0", "w", ttl, "200"],
                 ));
                 steps.push(acquire(self, "t3", "2", "r"));
                 steps.push(acquire(self, other, "2", "w"));
@@ -455,8 +503,8 @@ impl Generator {
                 steps.push(self.call(
                     "RELEASE_RW",
                     &RELEASE_RW,
-                    &release5,
-                    &["t3", grace, withdraw, "r"],
+                    &release6,
+                    &["t3", grace, withdraw, "r", ttl, "200"],
                 ));
             }
             _ => {
@@ -468,16 +516,18 @@ impl Generator {
                         "ACQUIRE",
                         &ACQUIRE,
                         &LOCK,
-                        &[token, ttl, fence, "0", grace, owner],
+                        &[token, ttl, fence, "0", grace, "0", owner],
                     )
                 };
                 let release = |g: &mut Self, token: &str, owner: &str| {
-                    let keys = [LOCK[0], LOCK[2], LOCK[3], LOCK[4], LOCK[5], LOCK[6]];
+                    let keys = [
+                        LOCK[0], LOCK[2], LOCK[3], LOCK[4], LOCK[5], LOCK[1], LOCK[6],
+                    ];
                     g.call(
                         "RELEASE",
                         &RELEASE,
                         &keys,
-                        &[token, "g1", "200", grace, "0", owner],
+                        &[token, "g1", "200", grace, "0", ttl, owner],
                     )
                 };
                 steps.push(acquire(self, "t1", owner));
