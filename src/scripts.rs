@@ -853,7 +853,8 @@ return 1
     ))
 });
 
-/// Read-write lock release: gives the hold back. When the lock is then free, it goes to a
+/// Read-write lock release: gives the hold back. When the lock is then free (no hold left
+/// whose lease has not ended: those that have are pruned), it goes to a
 /// waiting writer first (so a stream of readers cannot starve them): handed to the first
 /// live registration when that is a direct writer's (as [`RELEASE`] hands a mutex over:
 /// field `w` under the writer's token for the shorter of its ttl and what is left of its
@@ -874,8 +875,9 @@ pub(crate) static RELEASE_RW: LazyLock<Lua> = LazyLock::new(|| {
         own_list(),
         r"
 if ARGV[3] == '1' then
+  -- (Registered in either form, or both.)
   local was_waiting_writer =
-    redis.call('ZREM', KEYS[3], ARGV[1], '!' .. ARGV[5] .. '|' .. ARGV[1]) == 1
+    redis.call('ZREM', KEYS[3], ARGV[1], '!' .. ARGV[5] .. '|' .. ARGV[1]) > 0
   redis.call('ZREM', KEYS[4], ARGV[1])
   if was_waiting_writer and not redis.call('HGET', KEYS[1], 'w')
       and redis.call('ZCOUNT', KEYS[3], now_ms(), '+inf') == 0 then
@@ -893,15 +895,27 @@ if ARGV[4] == 'w' and holder ~= ARGV[1] then
   return 0
 end
 redis.call('HDEL', KEYS[1], field)
-if tonumber(expiry) <= now_ms() then
+local us = now_us()
+local now = math.floor(us / 1000)
+if tonumber(expiry) <= now then
   return 0
 end
 local lives = tonumber(ARGV[2])
-if redis.call('HLEN', KEYS[1]) == 0 then
+-- The holds left whose lease has not ended (a crashed holder's that has is pruned, as an
+-- acquire would: it must not keep waiters out).
+local live = 0
+local fields = redis.call('HGETALL', KEYS[1])
+for i = 1, #fields, 2 do
+  local left = tonumber(string.match(fields[i + 1], '^(%d+)'))
+  if not left or left <= now then
+    redis.call('HDEL', KEYS[1], fields[i])
+  else
+    live = live + 1
+  end
+end
+if live == 0 then
   -- Free: a waiting writer first (handed over, or one wake-up); otherwise every waiting
   -- reader.
-  local us = now_us()
-  local now = math.floor(us / 1000)
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   if head[2] then

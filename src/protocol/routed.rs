@@ -396,4 +396,69 @@ mod tests {
             );
         }
     }
+
+    /// The server's clock, in milliseconds.
+    fn now_ms(server: &RedisServer) -> u64 {
+        let now: Vec<String> = server.cmd(&["TIME"]);
+        now[0].parse::<u64>().unwrap() * 1000 + now[1].parse::<u64>().unwrap() / 1000
+    }
+
+    /// A read-write lock whose last live reader releases goes to the waiting writer even
+    /// when a crashed reader's hold (its lease over) is still in the hash; and a waiting
+    /// writer registered in both forms that gives up wakes the readers it kept out (both
+    /// found by an attacker: the writer waited out its block instead).
+    #[test]
+    fn a_read_write_lock_freed_or_given_up_on_goes_to_the_waiters_at_once() {
+        let server = RedisServer::start();
+        let client = crate::Client::open(&server.url()).unwrap();
+        let lock_server = &client.inner.server;
+        let exec = Exec::new(Lane::Urgent, Duration::from_secs(2));
+        let keys = LockKeys::new("", "ledger").unwrap();
+        let hold = |kind, token| Hold {
+            kind,
+            keys: &keys,
+            token,
+        };
+        let taken = lock_server
+            .attempt(&once(hold(&Kind::Read, "r2"), exec))
+            .unwrap()
+            .unwrap();
+        assert!(matches!(taken.reply, AttemptReply::Granted { .. }));
+        let now = now_ms(&server);
+        let past = (now - 10).to_string();
+        let _: i64 = server.cmd(&["HSET", "ledger", "r:r1", &past]);
+        let lapse = (now + 5000).to_string();
+        let _: i64 = server.cmd(&["ZADD", &keys.queue, &lapse, "!60000|w1"]);
+        let reply = lock_server
+            .release(
+                hold(&Kind::Read, "r2"),
+                Duration::from_secs(10),
+                false,
+                &exec,
+            )
+            .unwrap();
+        assert_eq!(reply, ReleaseReply::Released);
+        let writer: String = server.cmd(&["HGET", "ledger", "w"]);
+        assert!(writer.ends_with(" w1"), "{writer}");
+        assert_eq!(server.cmd::<i64>(&["HLEN", "ledger"]), 1);
+        let own = keys.own_wake("w1");
+        assert_eq!(server.cmd::<i64>(&["LLEN", &own]), 1);
+
+        // A writer registered in both forms (it once slept for want of a blocking
+        // connection) gives up while a reader waits and nobody holds the lock.
+        let _: i64 = server.cmd(&["DEL", "ledger", &own]);
+        let _: i64 = server.cmd(&["ZADD", &keys.queue, &lapse, "w2", &lapse, "!60000|w2"]);
+        let _: i64 = server.cmd(&["ZADD", &keys.readers, &lapse, "r3"]);
+        let reply = lock_server
+            .release(
+                hold(&Kind::Write, "w2"),
+                Duration::from_secs(60),
+                true,
+                &exec,
+            )
+            .unwrap();
+        assert_eq!(reply, ReleaseReply::NotHeld);
+        assert_eq!(server.cmd::<i64>(&["ZCARD", &keys.queue]), 0);
+        assert_eq!(server.cmd::<i64>(&["LLEN", &keys.reader_wake]), 1);
+    }
 }
