@@ -559,6 +559,7 @@ fn a_release_hands_the_lock_to_a_blocked_waiter_who_sends_nothing_after_its_bloc
     assert!(guard.remaining() > Duration::from_secs(1));
     // The grant was popped; nothing of the handoff is left.
     assert_eq!(keys_of(&server, "wakeup:", "direct"), Vec::<String>::new());
+    assert_eq!(keys_of(&server, "wakeme:", "direct"), Vec::<String>::new());
     assert_eq!(keys_of(&server, "grant:", "direct"), Vec::<String>::new());
     guard.release().unwrap();
     assert!(!server.cmd::<bool>(&["EXISTS", "direct"]));
@@ -590,7 +591,7 @@ fn a_lock_handed_to_a_waiter_that_vanished_lapses_within_its_registration() {
     assert_eq!(server.cmd::<String>(&["GET", "vanished"]), "ghost");
     let pttl: i64 = server.cmd(&["PTTL", "vanished"]);
     assert!(pttl > 0 && pttl <= 1500, "pttl {pttl}");
-    let own = "redlease:wakeup:{vanished}:ghost";
+    let own = "redlease:wakeme:{vanished}:ghost";
     let element: Vec<String> = server.cmd(&["LRANGE", own, "0", "-1"]);
     assert_eq!(element.len(), 1);
     assert!(element[0].starts_with('g'), "{element:?}");
