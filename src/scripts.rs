@@ -54,14 +54,65 @@ local function now_ms()
 end
 ";
 
-/// `own_list(wake, token)`: the own wake list of the waiter whose token is `token`, beside
-/// the wake list `wake` (as [`crate::keys::LockKeys::own_wake`] names it).
-fn own_list() -> String {
+/// The handoff of the release scripts (after [`next_fence`]'s text):
+///
+/// - `first_waiter(queue, now)`: the member and score of the first live registration in
+///   `queue` (registrations that lapsed are pruned first), or nothing. `ZRANGE` and `ZREM`,
+///   not `ZPOPMIN`: the commands a least-privilege user of 0.2 was granted suffice.
+/// - `hand_over(member, score, queue, wake, fence, us, min_claim, max_claim, give, undo)`:
+///   when `member` is a direct waiter's (`!<ttl>|<token>`), removes its registration (both
+///   forms), makes the hold with `give(token, lease)` (a `redis.pcall` reply) for the
+///   shorter of its ttl and its claim (what is left of its registration, between the two
+///   bounds), draws its fencing token from `fence`, and pushes `g<fencing token>:<lease
+///   ms>` to its own wake list, which expires with the lease. Returns the waiter's token
+///   and the lease; `false` for a member that is not a direct waiter's; `nil` when a write
+///   was refused (memory pressure), after `undo(token)` and the own list's removal.
+///   `us`: the server's clock in microseconds.
+/// - `own_list(wake, token)`: the own wake list of the waiter whose token is `token`,
+///   beside the wake list `wake` (as [`crate::keys::LockKeys::own_wake`] names it).
+fn handoff() -> String {
     use crate::keys::{OWN_WAKE, RESERVED_PREFIX, WAKE};
     format!(
         r"
 local function own_list(wake, token)
   return '{RESERVED_PREFIX}{OWN_WAKE}' .. string.sub(wake, {}) .. ':' .. token
+end
+local function first_waiter(queue, now)
+  local head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+  if head[2] and tonumber(head[2]) <= now then
+    redis.call('ZREMRANGEBYSCORE', queue, '-inf', now)
+    head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+  end
+  return head[1], tonumber(head[2])
+end
+local function hand_over(member, score, queue, wake, fence, us, min_claim, max_claim, give, undo)
+  local ttl, waiter = string.match(member, '^!(%d+)|(.+)$')
+  if not waiter then
+    return false
+  end
+  local claim = math.min(math.max(score - math.floor(us / 1000), min_claim), max_claim)
+  local lease = math.min(tonumber(ttl), claim)
+  local own = own_list(wake, waiter)
+  redis.call('ZREM', queue, member, waiter)
+  local drawn, token = pcall(next_fence, fence, 0, us)
+  local pushed = drawn
+  if drawn then
+    for _, r in ipairs({{
+      give(waiter, lease),
+      redis.pcall('RPUSH', own, 'g' .. string.format('%.0f', token) .. ':' .. lease),
+    }}) do
+      if type(r) == 'table' and r.err then
+        pushed = false
+      end
+    end
+  end
+  if pushed then
+    redis.call('PEXPIRE', own, lease)
+    return waiter, lease
+  end
+  undo(waiter)
+  redis.call('DEL', own)
+  return nil
 end
 ",
         RESERVED_PREFIX.len() + WAKE.len() + 1
@@ -400,7 +451,7 @@ if got[1] == ARGV[1] and not got[2] and ARGV[5] ~= '1' and not ARGV[7] then
 end
 ",
         next_fence(),
-        own_list(),
+        handoff(),
         r"
 local holder, waiting = got[1], got[2]
 local held = holder == ARGV[1]
@@ -438,47 +489,26 @@ if not waiting then
 end
 local us = now_us()
 local now = math.floor(us / 1000)
--- The first live registration (registrations that lapsed are pruned first). ZRANGE and
--- ZREM, not ZPOPMIN: the commands a least-privilege user of 0.2 was granted suffice.
-local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-if head[2] and tonumber(head[2]) <= now then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-end
-if not head[2] then
+local member, score = first_waiter(KEYS[3], now)
+if not member then
   redis.call('DEL', KEYS[1], KEYS[5])
   return 1
 end
-local score = tonumber(head[2])
-local claim = math.min(math.max(score - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
-local ttl, waiter = string.match(head[1], '^!(%d+)|(.+)$')
+-- A direct waiter: the lock is its own now, with its fencing token.
+local waiter = hand_over(member, score, KEYS[3], KEYS[2], KEYS[6], us, tonumber(ARGV[3]),
+  tonumber(ARGV[4]), function(token, lease)
+    return redis.pcall('SET', KEYS[1], token, 'PX', lease)
+  end, function()
+    redis.call('DEL', KEYS[1])
+  end)
 if waiter then
-  -- A direct waiter: the lock is its own now, with its fencing token.
-  redis.call('ZREM', KEYS[3], head[1], waiter)
-  local lease = math.min(tonumber(ttl), claim)
-  local own = own_list(KEYS[2], waiter)
-  local drawn, fence = pcall(next_fence, KEYS[6], 0, us)
-  local pushed = drawn
-  if drawn then
-    for _, r in ipairs({
-      redis.pcall('SET', KEYS[1], waiter, 'PX', lease),
-      redis.pcall('RPUSH', own, 'g' .. string.format('%.0f', fence) .. ':' .. lease),
-    }) do
-      if type(r) == 'table' and r.err then
-        pushed = false
-      end
-    end
-  end
-  if pushed then
-    redis.call('PEXPIRE', own, lease)
-    return {2, waiter}
-  end
-  redis.call('DEL', KEYS[1], own)
+  return {2, waiter}
+elseif waiter == nil then
   return 1
 end
 -- Another waiter: through the wake list, which its first blocked waiter pops.
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-claim = math.min(math.max(tonumber(last[2]) - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
+local claim = math.min(math.max(tonumber(last[2]) - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
 local set = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', claim)
 local pushed = type(set) ~= 'table' or not set.err
 if pushed then
@@ -685,7 +715,7 @@ pub(crate) static RELEASE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{NOW}{}{}{WAITERS}{}",
         next_fence(),
-        own_list(),
+        handoff(),
         r"
 if ARGV[3] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[1], '!' .. ARGV[4] .. '|' .. ARGV[1])
@@ -700,42 +730,21 @@ local now = math.floor(us / 1000)
 if tonumber(expiry) <= now then
   return 0
 end
-local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-if head[2] and tonumber(head[2]) <= now then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-end
-local ttl, waiter = nil, nil
-if head[2] then
-  ttl, waiter = string.match(head[1], '^!(%d+)|(.+)$')
-end
-if waiter then
+local member, score = first_waiter(KEYS[3], now)
+if member then
   -- A direct waiter: the permit is its own now, with its fencing token.
-  local claim = math.min(math.max(tonumber(head[2]) - now, tonumber(ARGV[5])), tonumber(ARGV[2]))
-  local lease = math.min(tonumber(ttl), claim)
-  local own = own_list(KEYS[2], waiter)
-  redis.call('ZREM', KEYS[3], head[1], waiter)
-  local drawn, fence = pcall(next_fence, KEYS[4], 0, us)
-  local pushed = drawn
-  if drawn then
-    for _, r in ipairs({
-      redis.pcall('ZADD', KEYS[1], now + lease, waiter),
-      redis.pcall('RPUSH', own, 'g' .. string.format('%.0f', fence) .. ':' .. lease),
-    }) do
-      if type(r) == 'table' and r.err then
-        pushed = false
-      end
-    end
-  end
-  if pushed then
-    redis.call('PEXPIRE', own, lease)
+  local waiter, lease = hand_over(member, score, KEYS[3], KEYS[2], KEYS[4], us,
+    tonumber(ARGV[5]), tonumber(ARGV[2]), function(token, lease)
+      return redis.pcall('ZADD', KEYS[1], now + lease, token)
+    end, function(token)
+      redis.call('ZREM', KEYS[1], token)
+    end)
+  if waiter then
     if redis.call('PTTL', KEYS[1]) < lease then
       redis.call('PEXPIRE', KEYS[1], lease)
     end
     return {1, waiter}
   end
-  redis.call('ZREM', KEYS[1], waiter)
-  redis.call('DEL', own)
 end
 wake(KEYS[2], KEYS[3], 1, tonumber(ARGV[2]))
 return 1
@@ -872,7 +881,7 @@ pub(crate) static RELEASE_RW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{NOW}{}{}{WAITERS}{}",
         next_fence(),
-        own_list(),
+        handoff(),
         r"
 if ARGV[3] == '1' then
   -- (Registered in either form, or both.)
@@ -916,33 +925,17 @@ end
 if live == 0 then
   -- Free: a waiting writer first (handed over, or one wake-up); otherwise every waiting
   -- reader.
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-  if head[2] then
-    local ttl, waiter = string.match(head[1], '^!(%d+)|(.+)$')
+  local member, score = first_waiter(KEYS[3], now)
+  if member then
+    local waiter, lease = hand_over(member, score, KEYS[3], KEYS[2], KEYS[6], us,
+      tonumber(ARGV[6]), lives, function(token, lease)
+        return redis.pcall('HSET', KEYS[1], 'w', string.format('%.0f', now + lease) .. ' ' .. token)
+      end, function()
+        redis.call('DEL', KEYS[1])
+      end)
     if waiter then
-      local claim = math.min(math.max(tonumber(head[2]) - now, tonumber(ARGV[6])), lives)
-      local lease = math.min(tonumber(ttl), claim)
-      local own = own_list(KEYS[2], waiter)
-      redis.call('ZREM', KEYS[3], head[1], waiter)
-      local drawn, fence = pcall(next_fence, KEYS[6], 0, us)
-      local pushed = drawn
-      if drawn then
-        for _, r in ipairs({
-          redis.pcall('HSET', KEYS[1], 'w', string.format('%.0f', now + lease) .. ' ' .. waiter),
-          redis.pcall('RPUSH', own, 'g' .. string.format('%.0f', fence) .. ':' .. lease),
-        }) do
-          if type(r) == 'table' and r.err then
-            pushed = false
-          end
-        end
-      end
-      if pushed then
-        redis.call('PEXPIRE', own, lease)
-        redis.call('PEXPIRE', KEYS[1], lease)
-        return {1, waiter}
-      end
-      redis.call('DEL', KEYS[1], own)
+      redis.call('PEXPIRE', KEYS[1], lease)
+      return {1, waiter}
     end
     wake(KEYS[2], KEYS[3], 1, lives)
   else
