@@ -17,7 +17,7 @@
 //! type differs (string, sorted set, hash), so the other kind's script fails with
 //! `WRONGTYPE` before it writes anything, which [`wrong_kind`] turns into a message.
 
-use crate::backend::call::Call;
+use crate::backend::call::{Call, ScriptArg};
 use crate::core::reply::Mode;
 use crate::error::{Error, ErrorKind};
 use crate::keys::LockKeys;
@@ -92,59 +92,25 @@ impl Kind {
             Kind::Permit(_) => &scripts::ACQUIRE_PERMIT,
             Kind::Read | Kind::Write => &scripts::ACQUIRE_RW,
         };
+        let direct = u8::from(direct);
+        let permits = match self {
+            Kind::Permit(permits) => u64::from(*permits),
+            _ => 0,
+        };
+        let side = self.side();
+        let owner: &str = match self {
+            Kind::Reentrant(owner) => owner,
+            _ => "",
+        };
+        // ARGV[1..5] are common; then what the kind's script takes (see `scripts`).
+        let mut args: Vec<&dyn ScriptArg> = vec![&token, &ttl_ms, &clock_us, &arg, &grace_ms];
         match self {
-            Kind::Mutex => Call::script(
-                script,
-                &k,
-                &[
-                    &token,
-                    &ttl_ms,
-                    &clock_us,
-                    &arg,
-                    &grace_ms,
-                    &u8::from(direct),
-                ],
-            ),
-            Kind::Reentrant(owner) => Call::script(
-                script,
-                &k,
-                &[
-                    &token,
-                    &ttl_ms,
-                    &clock_us,
-                    &arg,
-                    &grace_ms,
-                    &0u8,
-                    &owner.as_ref(),
-                ],
-            ),
-            Kind::Permit(permits) => Call::script(
-                script,
-                &k,
-                &[
-                    &token,
-                    &ttl_ms,
-                    &clock_us,
-                    &arg,
-                    &grace_ms,
-                    &u64::from(*permits),
-                    &u8::from(direct),
-                ],
-            ),
-            Kind::Read | Kind::Write => Call::script(
-                script,
-                &k,
-                &[
-                    &token,
-                    &ttl_ms,
-                    &clock_us,
-                    &arg,
-                    &grace_ms,
-                    &self.side(),
-                    &u8::from(direct),
-                ],
-            ),
+            Kind::Mutex => args.push(&direct),
+            Kind::Reentrant(_) => args.extend([&0u8 as &dyn ScriptArg, &owner]),
+            Kind::Permit(_) => args.extend([&permits as &dyn ScriptArg, &direct]),
+            Kind::Read | Kind::Write => args.extend([&side as &dyn ScriptArg, &direct]),
         }
+        Call::script(script, &k, &args)
     }
 
     /// A token-checked extend of a hold.
