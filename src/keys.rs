@@ -140,7 +140,8 @@ impl LockKeys {
     /// The wake list of the waiter whose token is `token` (where a release hands it the
     /// lock, and its leading attempt wakes its own block): the wake list's name under
     /// [`OWN_WAKE`], then `:` and the token, so in the same slot (the hash tag comes before
-    /// the token). The scripts derive it the same way (`scripts::OWN_LIST`).
+    /// the token). The release scripts derive it the same way (`own_list` in their
+    /// handoff).
     pub fn own_wake(&self, token: &str) -> String {
         let tail = &self.wake[RESERVED_PREFIX.len() + WAKE.len()..];
         let mut key = String::with_capacity(self.wake.len() + 1 + token.len());

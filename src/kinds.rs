@@ -44,8 +44,8 @@ impl Kind {
     /// registration lives `grace_ms` unrefreshed; `clock_us` is the client's estimate of
     /// the server's clock (0: unknown; see [`crate::core::server_time`]). `lead`: the
     /// attempt goes ahead of a block, and wakes it when it takes the lock. `direct`: a
-    /// mutex waiter whose registration lets a release hand it the lock itself (see
-    /// [`scripts::RELEASE`]).
+    /// waiter of a kind that [hands over](Self::hands_over), whose registration lets a
+    /// release hand it the hold itself (see [`scripts::RELEASE`]).
     #[allow(clippy::too_many_arguments)]
     pub fn attempt(
         &self,

@@ -186,9 +186,10 @@ end
 /// last registered, to the millisecond.
 ///
 /// An attempt that leads a block (a waiter's first, mode 4; a direct waiter's every one,
-/// mode 4 or 2) goes in one write with the block on its own wake list and the wake list:
-/// it registers like mode 1, and when it takes the lock (or finds it handed to its token
-/// already) it pushes to the own wake list, so that the block returns at once.
+/// mode 4 or 2) goes in one write with the block on its own wake list and the wake list.
+/// It registers like mode 1, after emptying its own wake list: what the block pops was
+/// then pushed after the attempt ran. When it takes the lock (or finds it handed to its
+/// token already) it pushes to the own wake list, so that the block returns at once.
 ///
 /// A taken grant is leased for the shorter of the ttl and the grace, not for the ttl: if
 /// the waiter died right after its pipelined attempt ran, nobody would hear of the grant,
