@@ -149,46 +149,34 @@ impl Kind {
         let withdraw = u8::from(withdraw);
         let min_claim_ms = scripts::MIN_CLAIM_MS.min(grace_ms);
         match self {
-            Kind::Mutex => Call::script(
-                &scripts::RELEASE,
-                &[
-                    &keys.lock,
+            Kind::Mutex | Kind::Reentrant(_) => {
+                let mut k = vec![
+                    keys.lock.as_str(),
                     &keys.wake,
                     &keys.queue,
                     &keys.grant,
                     &keys.waiting,
                     &keys.fence,
-                ],
-                &[
+                ];
+                let owner: &str = match self {
+                    Kind::Reentrant(owner) => owner,
+                    _ => "",
+                };
+                let mut a: Vec<&dyn ScriptArg> = vec![
                     &token,
                     &handoff,
                     &min_claim_ms,
                     &grace_ms,
                     &withdraw,
                     &ttl_ms,
-                ],
-            ),
-            Kind::Reentrant(owner) => Call::script(
-                &scripts::RELEASE,
-                &[
-                    &keys.lock,
-                    &keys.wake,
-                    &keys.queue,
-                    &keys.grant,
-                    &keys.waiting,
-                    &keys.fence,
-                    &keys.holds,
-                ],
-                &[
-                    &token,
-                    &handoff,
-                    &min_claim_ms,
-                    &grace_ms,
-                    &withdraw,
-                    &ttl_ms,
-                    &owner.as_ref(),
-                ],
-            ),
+                ];
+                // A reentrant lock's holds, and its owner.
+                if let Kind::Reentrant(_) = self {
+                    k.push(&keys.holds);
+                    a.push(&owner);
+                }
+                Call::script(&scripts::RELEASE, &k, &a)
+            }
             Kind::Permit(_) => Call::script(
                 &scripts::RELEASE_PERMIT,
                 &[&keys.lock, &keys.wake, &keys.queue, &keys.fence],
