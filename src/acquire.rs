@@ -89,6 +89,7 @@ impl Acquire<'_> {
                         block: plan.block,
                         lead: plan.lead,
                         direct: plan.direct,
+                        first_lead: plan.first_lead,
                         exec,
                         replicas: self.replicas,
                     };

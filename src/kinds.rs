@@ -23,6 +23,29 @@ use crate::error::{Error, ErrorKind};
 use crate::keys::LockKeys;
 use crate::scripts;
 
+/// How a waiter's attempt registers it (ARGV `direct` of the acquire scripts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Registration {
+    /// To be woken through the wake list, and try again (`0`).
+    Woken,
+    /// To be handed the hold by a release (`!<ttl>|<token>`, `1`), through the waiter's
+    /// own wake list, which the attempt empties first.
+    Handed,
+    /// As [`Registration::Handed`], by the first attempt under its token to lead a block:
+    /// nothing can have been pushed to its own wake list yet, which is left alone (`2`).
+    HandedFirst,
+}
+
+impl Registration {
+    fn arg(self) -> u8 {
+        match self {
+            Registration::Woken => 0,
+            Registration::Handed => 1,
+            Registration::HandedFirst => 2,
+        }
+    }
+}
+
 /// A kind of lock (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -43,9 +66,9 @@ impl Kind {
     /// An attempt to take a hold under `token` for `ttl_ms`, in `mode`; a waiter's
     /// registration lives `grace_ms` unrefreshed; `clock_us` is the client's estimate of
     /// the server's clock (0: unknown; see [`crate::core::server_time`]). `lead`: the
-    /// attempt goes ahead of a block, and wakes it when it takes the lock. `direct`: a
-    /// waiter of a kind that [hands over](Self::hands_over), whose registration lets a
-    /// release hand it the hold itself (see [`scripts::RELEASE`]).
+    /// attempt goes ahead of a block, and wakes it when it takes the lock.
+    /// `registration`: whether a waiter of a kind that [hands over](Self::hands_over)
+    /// registers so that a release hands it the hold itself (see [`scripts::RELEASE`]).
     #[allow(clippy::too_many_arguments)]
     pub fn attempt(
         &self,
@@ -56,7 +79,7 @@ impl Kind {
         grace_ms: u64,
         clock_us: u64,
         lead: bool,
-        direct: bool,
+        registration: Registration,
     ) -> Call {
         // A leading attempt's own wake list goes last.
         let own = (lead && mode != Mode::Once).then(|| keys.own_wake(token));
@@ -92,7 +115,7 @@ impl Kind {
             Kind::Permit(_) => &scripts::ACQUIRE_PERMIT,
             Kind::Read | Kind::Write => &scripts::ACQUIRE_RW,
         };
-        let direct = u8::from(direct);
+        let direct = registration.arg();
         let permits = match self {
             Kind::Permit(permits) => u64::from(*permits),
             _ => 0,

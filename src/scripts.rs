@@ -170,8 +170,10 @@ end
 ///   [`crate::core::server_time`]; 1: no fencing token wanted, the counter is left alone
 ///   and the token returned is 0), ARGV[4] mode ([`crate::core::reply::Mode`]), ARGV[5]
 ///   the waiter's grace ms: how long its registration lives unrefreshed, and the longest
-///   lease a taken grant gets; ARGV[6] `1` for a direct waiter, whose registration names
-///   its ttl (`!<ttl>|<token>`) so that a release can hand it the lock (see [`RELEASE`]);
+///   lease a taken grant gets; ARGV[6] how a waiter registers
+///   ([`crate::kinds::Registration`]): `0` to be woken, `1` or `2` as a direct waiter,
+///   whose registration names its ttl (`!<ttl>|<token>`) so that a release can hand it
+///   the lock (see [`RELEASE`]), `2` when no attempt under the token led a block before;
 ///   for a reentrant lock ARGV[7] the owner
 /// - Returns `{1, fencing_token, lease_ms}` when acquired (`lease_ms` is the ttl the key
 ///   was set to; a fourth element, the server's clock in microseconds, when the script
@@ -181,14 +183,17 @@ end
 ///   fencing token), whose lease is now at least the ttl.
 ///
 /// A registration also sets the waiting flag, to expire with the queue: a release looks
-/// at the queue only when the flag is there. A registration's lapse is counted from
+/// at the queue only when the flag is there. Both are given twice a registration's life
+/// when less than one is left, so that most registrations need not refresh them. A registration's lapse is counted from
 /// `TIME`, and releases serve registrations in the order they lapse: the order waiters
 /// last registered, to the millisecond.
 ///
 /// An attempt that leads a block (a waiter's first, mode 4; a direct waiter's every one,
 /// mode 4 or 2) goes in one write with the block on its own wake list and the wake list.
 /// It registers like mode 1, after emptying its own wake list: what the block pops was
-/// then pushed after the attempt ran. When it takes the lock (or finds it handed to its
+/// then pushed after the attempt ran. (Only releases that hand the lock to a registration
+/// of the token, which an attempt leading a block made, and such attempts push there: the
+/// first of them under a token, ARGV[6] `2`, finds the list empty, and leaves it.) When it takes the lock (or finds it handed to its
 /// token already) it pushes to the own wake list, so that the block returns at once.
 ///
 /// A taken grant is leased for the shorter of the ttl and the grace, not for the ttl: if
@@ -226,7 +231,8 @@ local owner = ARGV[7]
 -- A waiter's registration: a direct waiter's names its ttl, so that a release can hand it
 -- the lock itself (see RELEASE). Its other form, if any, goes with it.
 local direct = '!' .. ARGV[2] .. '|' .. token
-local member = ARGV[6] == '1' and direct or token
+local handed = ARGV[6] == '1' or ARGV[6] == '2'
+local member = handed and direct or token
 -- A leading attempt (its waiter's own wake list passed last) that takes the lock leaves a
 -- wake-up there, which the block pipelined behind it pops at once.
 local own = KEYS[owner and 8 or 7]
@@ -321,17 +327,19 @@ if mode == 3 then
   return {0, pttl}
 end
 local lives = tonumber(ARGV[5])
-if own then
+if own and ARGV[6] ~= '2' then
   -- Whatever a block behind this attempt pops was pushed after it ran: a lock handed to
   -- this token before now (and lost since, or this attempt would have found it) is gone.
+  -- (The first attempt under a token to lead a block finds nothing to empty.)
   redis.call('DEL', own)
 end
 -- By the server's clock: releases hand the lock over in the order of these scores (a
 -- client's estimate of the clock may lag another's).
 redis.call('ZADD', KEYS[4], now_ms() + lives, member)
 if redis.call('PTTL', KEYS[4]) < lives then
-  redis.call('PEXPIRE', KEYS[4], lives)
-  redis.call('SET', KEYS[6], '1', 'PX', lives)
+  -- Twice the registration's life: the next registrations need not refresh it.
+  redis.call('PEXPIRE', KEYS[4], 2 * lives)
+  redis.call('SET', KEYS[6], '1', 'PX', 2 * lives)
 end
 return {0, pttl}
 "
@@ -591,17 +599,17 @@ return 0
 /// blocked waiters: added to those not popped yet (another release's), up to one per live
 /// registration.
 const WAITERS: &str = r"
-local function register(queue, token, member, direct, mode, lives, own)
+local function register(queue, token, member, direct, mode, lives, own, first)
   if mode == 3 then
     redis.call('ZREM', queue, token, direct)
   elseif mode ~= 0 then
-    if own then
+    if own and not first then
       -- What the block behind this attempt pops was pushed after it ran (see ACQUIRE).
       redis.call('DEL', own)
     end
     redis.call('ZADD', queue, now_ms() + lives, member)
     if redis.call('PTTL', queue) < lives then
-      redis.call('PEXPIRE', queue, lives)
+      redis.call('PEXPIRE', queue, 2 * lives)
     end
   end
 end
@@ -635,9 +643,9 @@ end
 ///   for an attempt that leads a block, the waiter's own wake list
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] (unused: permits expire by the server's
 ///   clock, which the script reads anyway), ARGV[4] mode ([`crate::core::reply::Mode`]),
-///   ARGV[5] the waiter's grace ms, ARGV[6] permits, ARGV[7] `1` for a direct waiter,
-///   whose registration names its ttl (`!<ttl>|<token>`), so that a release can hand it
-///   its permit (see [`RELEASE_PERMIT`])
+///   ARGV[5] the waiter's grace ms, ARGV[6] permits, ARGV[7] how the waiter registers (as
+///   [`ACQUIRE`]'s ARGV[6]; a direct waiter's registration lets a release hand it its
+///   permit, see [`RELEASE_PERMIT`])
 /// - Returns `{1, fencing_token, ttl_ms, clock_us}` when a permit is taken (`clock_us`:
 ///   the server's clock), `{0, ms}` when all are held (`ms`: until the first of them
 ///   expires).
@@ -652,7 +660,7 @@ pub(crate) static ACQUIRE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
         r"
 local token, ttl, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 local direct = '!' .. ARGV[2] .. '|' .. token
-local member = ARGV[7] == '1' and direct or token
+local member = (ARGV[7] == '1' or ARGV[7] == '2') and direct or token
 local clock = now_us()
 local now = math.floor(clock / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -670,7 +678,7 @@ if taken or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[6]) then
   wake_self(KEYS[5], ARGV[5])
   return {1, (next_fence(KEYS[2], clock, clock)), expiry - now, clock}
 end
-register(KEYS[4], token, member, direct, mode, tonumber(ARGV[5]), KEYS[5])
+register(KEYS[4], token, member, direct, mode, tonumber(ARGV[5]), KEYS[5], ARGV[7] == '2')
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {0, math.max(tonumber(first[2]) - now, 0)}
 "
@@ -763,9 +771,9 @@ return 1
 ///   (a writer that gives up wakes the readers it kept out); then, for an attempt that
 ///   leads a block, the waiter's own wake list
 /// - ARGV[1] token, ARGV[2] ttl ms, ARGV[3] (unused, as for a semaphore), ARGV[4] mode,
-///   ARGV[5] the waiter's grace ms, ARGV[6] `w` or `r`, ARGV[7] `1` for a direct waiting
-///   writer, whose registration names its ttl (`!<ttl>|<token>`), so that a release can
-///   hand it the lock (see [`RELEASE_RW`])
+///   ARGV[5] the waiter's grace ms, ARGV[6] `w` or `r`, ARGV[7] how a waiting writer
+///   registers (as [`ACQUIRE`]'s ARGV[6]; a direct writer's registration lets a release
+///   hand it the lock, see [`RELEASE_RW`])
 /// - Returns `{1, fencing_token, ttl_ms, clock_us}` or `{0, ms}` (until the first holder
 ///   expires).
 pub(crate) static ACQUIRE_RW: LazyLock<Lua> = LazyLock::new(|| {
@@ -775,7 +783,7 @@ pub(crate) static ACQUIRE_RW: LazyLock<Lua> = LazyLock::new(|| {
         r"
 local token, ttl, mode, side = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4]), ARGV[6]
 local direct = '!' .. ARGV[2] .. '|' .. token
-local member = ARGV[7] == '1' and direct or token
+local member = (ARGV[7] == '1' or ARGV[7] == '2') and direct or token
 local clock = now_us()
 local now = math.floor(clock / 1000)
 -- Prune holders whose lease ended; note the first expiry left.
@@ -815,7 +823,7 @@ if side == 'w' then
   if writer == token or redis.call('HLEN', KEYS[1]) == 0 then
     return granted('w', ' ' .. token)
   end
-  register(KEYS[4], token, member, direct, mode, tonumber(ARGV[5]), KEYS[7])
+  register(KEYS[4], token, member, direct, mode, tonumber(ARGV[5]), KEYS[7], ARGV[7] == '2')
   if mode == 3 and not writer and redis.call('ZCOUNT', KEYS[4], now, '+inf') == 0 then
     -- This writer gave up, and no other waits: the readers it kept out may come in.
     wake(KEYS[6], KEYS[5], 64, tonumber(ARGV[5]))
@@ -825,7 +833,7 @@ else
   if again or (not writer and redis.call('ZCARD', KEYS[4]) == 0) then
     return granted('r:' .. token, '')
   end
-  register(KEYS[5], token, token, token, mode, tonumber(ARGV[5]), KEYS[7])
+  register(KEYS[5], token, token, token, mode, tonumber(ARGV[5]), KEYS[7], false)
 end
 return {0, first and math.max(first - now, 0) or -1}
 "

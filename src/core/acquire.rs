@@ -112,6 +112,9 @@ pub(crate) struct AttemptPlan {
     /// As [`AcquireSpec::direct`]: nothing follows the block, a release's grant comes
     /// through it.
     pub direct: bool,
+    /// A leading attempt, the first under its token: nothing can have been pushed to the
+    /// waiter's own wake list yet, so the attempt need not empty it.
+    pub first_lead: bool,
     pub lane: Lane,
     /// Nothing of the request runs past this.
     pub cutoff: Option<Instant>,
@@ -222,6 +225,9 @@ pub(crate) struct AcquireMachine {
     /// The server may hold something under `token`: a registration, or a grant an
     /// attempt whose reply was lost took.
     registered: bool,
+    /// An attempt under `token` led a block (or was planned to): releases may have
+    /// pushed to the waiter's own wake list.
+    led: bool,
     /// The next attempt goes on its own, without a block first.
     plain_next: bool,
     failing_since: Option<Instant>,
@@ -273,6 +279,7 @@ impl AcquireMachine {
             spec,
             phase: Phase::Start,
             registered: false,
+            led: false,
             plain_next: true,
             failing_since: None,
             refused_since: None,
@@ -440,19 +447,22 @@ impl AcquireMachine {
     }
 
     fn plan(
-        &self,
+        &mut self,
         mode: Mode,
         block: Option<Duration>,
         lead: bool,
         lane: Lane,
         now: Instant,
     ) -> AttemptPlan {
+        let first_lead = lead && !self.led;
+        self.led |= lead;
         AttemptPlan {
             token: self.token.clone(),
             mode,
             block,
             lead,
             direct: self.spec.direct && self.spec.blocks,
+            first_lead,
             lane,
             cutoff: self.cutoff,
             // A waiter's attempts before its last one are tried again, when refused for
@@ -762,6 +772,7 @@ impl AcquireMachine {
     fn fresh_token(&mut self) {
         self.token = (self.tokens)();
         self.registered = false;
+        self.led = false;
     }
 
     fn done(&mut self, granted: Granted, reentered: Option<String>) -> Action {
@@ -1007,6 +1018,64 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Only the first attempt under a token to lead a block may leave the waiter's own wake
+    /// list as it is: a release can have pushed a grant there only for a registration that
+    /// such an attempt made. Every later lead under the token (after a lost reply, or after
+    /// a grant that came to nothing) empties it; a fresh token starts afresh.
+    #[test]
+    fn only_the_first_lead_under_a_token_leaves_its_own_wake_list_alone() {
+        let t0 = Instant::now();
+        let mut m = direct(Wait::Until(t0 + 60 * S), t0);
+        let p = plan(m.step(Event::Start, t0, false));
+        assert!(p.lead && p.first_lead);
+        // The reply was lost: the attempt may have registered.
+        let t = t0 + 500 * MS;
+        let Action::Pause { until } = m.step(Event::Attempted(Err(unanswered())), t, false) else {
+            panic!("a pause");
+        };
+        let p = plan(m.step(Event::Paused(Ok(())), until, false));
+        assert_eq!(
+            (p.token.as_str(), p.lead, p.first_lead),
+            ("t1", true, false)
+        );
+        // Handed a lock whose settling extend finds the key changed hands: the same token
+        // tries again, not registered, and still empties its list.
+        let sent = until;
+        let late = sent + 900 * MS;
+        let Action::Extend { .. } = m.step(answer(granted(S), sent), late, false) else {
+            panic!("an extend");
+        };
+        let p = plan(m.step(
+            Event::Extended(Ok((ExtendReply::NotHeld, late))),
+            late,
+            false,
+        ));
+        assert_eq!((p.token.as_str(), p.mode), ("t1", Mode::Lead));
+        assert!(p.lead && !p.first_lead);
+        // A grant whose extend is answered too late is given back, and a fresh token
+        // drawn: its first lead is first again.
+        let sent = late;
+        let later = sent + 900 * MS;
+        let Action::Extend { .. } = m.step(answer(granted(S), sent), later, false) else {
+            panic!("an extend");
+        };
+        let too_late = later + 11 * S;
+        let Action::GiveBack { .. } = m.step(
+            Event::Extended(Ok((ExtendReply::Extended, later))),
+            too_late,
+            false,
+        ) else {
+            panic!("a give-back");
+        };
+        let p = plan(m.step(
+            Event::GaveBack(Some(Ok(ReleaseReply::Released))),
+            too_late + MS,
+            false,
+        ));
+        assert_ne!(p.token, "t1");
+        assert!(p.lead && p.first_lead);
     }
 
     #[test]

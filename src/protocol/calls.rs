@@ -9,6 +9,7 @@ use redis::Value;
 use crate::backend::call::{Call, Replicas};
 use crate::core::reply::{self, Answer, AttemptReply, ExtendReply, Mode, ReleaseReply};
 use crate::error::{Error, Result};
+use crate::kinds::Registration;
 use crate::protocol::Hold;
 
 /// The calls of one attempt: a block on the wake list for `block` first (the attempt then
@@ -17,8 +18,10 @@ use crate::protocol::Hold;
 /// ahead of the block, which then also watches the waiter's own wake list (first), where
 /// that attempt leaves a wake-up when it takes the lock. A `direct` waiter's attempt (see
 /// [`crate::kinds::Kind::hands_over`]) always leads, in `mode`, and nothing follows
-/// the block: a release hands it the lock through its own wake list. `clock_us`: the
-/// client's estimate of the server's clock (see [`crate::core::server_time`]).
+/// the block: a release hands it the lock through its own wake list. `first_lead`: no
+/// attempt under the token led a block before this one (its own wake list is empty).
+/// `clock_us`: the client's estimate of the server's clock (see
+/// [`crate::core::server_time`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attempt(
     hold: Hold<'_>,
@@ -28,6 +31,7 @@ pub(crate) fn attempt(
     block: Option<Duration>,
     lead: bool,
     direct: bool,
+    first_lead: bool,
     replicas: Option<Replicas>,
     clock_us: u64,
 ) -> Vec<Call> {
@@ -46,7 +50,11 @@ pub(crate) fn attempt(
             lead,
             // Registered as a direct waiter only ahead of a block, where a handoff is
             // popped at once (a waiter sleeping instead would hold a lock handed to it).
-            direct && lead,
+            match (direct && lead, first_lead) {
+                (false, _) => Registration::Woken,
+                (true, false) => Registration::Handed,
+                (true, true) => Registration::HandedFirst,
+            },
         )
     };
     if let Some(block) = block {
@@ -90,7 +98,7 @@ pub(crate) fn attempt_script(
         grace.as_millis() as u64,
         clock_us,
         false,
-        false,
+        Registration::Woken,
     )
 }
 

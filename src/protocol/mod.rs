@@ -64,6 +64,8 @@ pub(crate) struct AttemptRequest<'a> {
     pub lead: bool,
     /// A direct waiter's: nothing follows the block (see [`calls::attempt`]).
     pub direct: bool,
+    /// No attempt under the token led a block before (see [`calls::attempt`]).
+    pub first_lead: bool,
     pub exec: Exec<'a>,
     pub replicas: Option<Replicas>,
 }

@@ -76,6 +76,7 @@ impl LockServer for Routed {
             request.block,
             request.lead,
             request.direct,
+            request.first_lead,
             request.replicas,
             clock,
         );
@@ -243,6 +244,7 @@ mod tests {
             block: None,
             lead: false,
             direct: false,
+            first_lead: false,
             exec,
             replicas: None,
         }

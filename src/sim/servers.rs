@@ -155,6 +155,14 @@ impl SimServer {
         }
     }
 
+    /// The first element of the list under `key`, if it holds one.
+    pub fn list_head(&self, key: &str) -> Option<&[u8]> {
+        match self.model.value(key.as_bytes()) {
+            Some(Data::List(items)) => items.front().map(Vec::as_slice),
+            _ => None,
+        }
+    }
+
     /// Runs a command of a client outside the simulation (an operator, an eviction) at
     /// `now`, on a connection of its own.
     pub fn foreign(&mut self, args: &[&str], now: Micros) {

@@ -311,6 +311,7 @@ impl World {
                         plan.block,
                         plan.lead,
                         plan.direct,
+                        plan.first_lead,
                         acq.replicas,
                         clock,
                     );

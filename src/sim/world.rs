@@ -143,6 +143,9 @@ pub(crate) struct World {
     /// own, so that runs without them go exactly as before they existed.
     evictions: bool,
     evict_rng: fastrand::Rng,
+    /// For evictions of keys a release handed to a waiter that has not popped its grant
+    /// yet: a stream of its own, drawn from only when there is one.
+    evict_handed_rng: fastrand::Rng,
     /// Threads adopt the mutexes other threads hold (`LockBuilder::adopt`) in this run (a
     /// third of the runs, Redlock's aside); drawn from a stream of their own, as the
     /// evictions are, so that runs without adopts go exactly as before they existed.
@@ -261,6 +264,7 @@ impl World {
             known_scripts: BTreeSet::new(),
             evictions,
             evict_rng,
+            evict_handed_rng: fastrand::Rng::with_seed(seed ^ 0x5eed_4a4d),
             adopts,
             adopt_rng,
             groups,
@@ -647,8 +651,12 @@ impl World {
 
     /// In runs with evictions: a lock key holding a grant its waiter has not taken yet is
     /// now and then deleted on its own (as an evicting `maxmemory` policy may; the README
-    /// asks for `noeviction`). Nobody believes it holds such a key, so every promise must
-    /// survive it, and a waiter must never take the grant left behind once the key is
+    /// asks for `noeviction`). Such a grant is a pending one (the old path), or a key a
+    /// release handed to a direct waiter whose grant still lies unpopped on its own wake
+    /// list (its block had ended), and whose fencing token is still the last one drawn
+    /// (no acquire took the key since: the waiter's own attempt may take it again, and
+    /// leave the grant where it is). Nobody believes it holds such a key, so every promise
+    /// must survive it, and a waiter must never take the grant left behind once the key is
     /// someone else's.
     fn maybe_evict(&mut self, server: usize) {
         if !self.evictions || server != self.primary {
@@ -661,7 +669,22 @@ impl World {
             };
             let holder = self.servers[server].string(&keys.lock);
             let pending = holder.is_some() && holder == self.servers[server].string(&keys.grant);
-            if pending && self.evict_rng.f64() < 0.5 {
+            let last_fence = self.servers[server].string(&keys.fence);
+            let handed = !pending
+                && holder.is_some_and(|token| {
+                    let own = keys.own_wake(&String::from_utf8_lossy(token));
+                    let head = self.servers[server].list_head(&own);
+                    // `g<fencing token>:<lease ms>`
+                    let fence =
+                        head.and_then(|g| g.strip_prefix(b"g")?.split(|b| *b == b':').next());
+                    fence.is_some() && fence == last_fence
+                });
+            let evict = if pending {
+                self.evict_rng.f64() < 0.5
+            } else {
+                handed && self.evict_handed_rng.f64() < 0.5
+            };
+            if evict {
                 self.trace.line(self.now, || {
                     format!("s{server} evicts {name:?} (a grant not taken yet)")
                 });

@@ -565,6 +565,56 @@ fn a_release_hands_the_lock_to_a_blocked_waiter_who_sends_nothing_after_its_bloc
     assert!(!server.cmd::<bool>(&["EXISTS", "direct"]));
 }
 
+/// A lock handed to a blocked waiter costs sixteen server commands. Seven are the
+/// waiter's attempt with its block: the script, `GET`, `PTTL`, `TIME`, `ZADD`, the queue's
+/// `PTTL` and `BLPOP`. Its own wake list, new under a fresh token, needs no emptying, and
+/// the queue and the waiting flag, refreshed by the first waiter for twice a
+/// registration's life, need no refreshing. Nine are the release that hands the lock over:
+/// the script, `MGET`, `TIME`, `ZRANGE`, `ZREM`, the fencing counter's `SET ... GET`,
+/// `SET`, `RPUSH` and `PEXPIRE`.
+#[test]
+fn a_lock_handed_to_a_blocked_waiter_costs_sixteen_server_commands() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    // The release script cached (a first run's NOSCRIPT counts as a call).
+    client
+        .lock("warm")
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+    let holder = client.lock("counted").try_acquire().unwrap();
+    let waiter = || {
+        let client = client.clone();
+        let blocks = server.calls("blpop");
+        let waiter = std::thread::spawn(move || {
+            // A ttl within the claim lease, without renewal: nothing to extend afterwards.
+            client
+                .lock("counted")
+                .ttl(Duration::from_secs(2))
+                .renew(false)
+                .acquire_timeout(Duration::from_secs(20))
+                .unwrap()
+        });
+        assert!(eventually(Duration::from_secs(5), || {
+            server.calls("blpop") > blocks
+        }));
+        waiter
+    };
+    let first = waiter();
+    server.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    let second = waiter();
+    let stats = || server.cmd::<String>(&["INFO", "commandstats"]);
+    assert_eq!(server.commands_run(), 7, "{}", stats());
+    holder.release().unwrap();
+    let first = within(Duration::from_secs(10), move || first.join().unwrap());
+    assert_eq!(server.commands_run(), 7 + 9, "{}", stats());
+    first.release().unwrap();
+    let second = within(Duration::from_secs(10), move || second.join().unwrap());
+    assert_eq!(server.commands_run(), 7 + 9 + 9, "{}", stats());
+    second.release().unwrap();
+}
+
 #[test]
 fn a_lock_handed_to_a_waiter_that_vanished_lapses_within_its_registration() {
     let server = RedisServer::start();

@@ -218,10 +218,9 @@ impl RedisServer {
         self.cmd(&["PTTL", key])
     }
 
-    /// How many calls of `command` succeeded, from `INFO commandstats` (e.g. "evalsha").
-    /// Failed calls (such as an EVALSHA answered NOSCRIPT) are not counted.
     /// Every command the server ran (those scripts ran counted too) since its statistics
-    /// were last reset, but for `INFO` and `CONFIG` (the test's own).
+    /// were last reset, but for `INFO` and `CONFIG` (the test's own). Failed calls count
+    /// too (an `EVALSHA` answered `NOSCRIPT`).
     pub fn commands_run(&self) -> u64 {
         let info: String = self.cmd(&["INFO", "commandstats"]);
         info.lines()
@@ -235,6 +234,8 @@ impl RedisServer {
             .sum()
     }
 
+    /// How many calls of `command` succeeded, from `INFO commandstats` (e.g. "evalsha").
+    /// Failed calls (such as an `EVALSHA` answered `NOSCRIPT`) are not counted.
     pub fn calls(&self, command: &str) -> u64 {
         let info: String = self.cmd(&["INFO", "commandstats"]);
         let prefix = format!("cmdstat_{command}:");

@@ -155,7 +155,7 @@ impl Generator {
                     self.clock(),
                     self.mode(),
                     self.grace(),
-                    self.pick(&["0", "1"]).into(),
+                    self.pick(&["0", "1", "2"]).into(),
                 ];
                 if reentrant {
                     k.push(self.role(LOCK[6]));
@@ -203,7 +203,7 @@ impl Generator {
                     self.mode(),
                     self.grace(),
                     self.pick(&["1", "2", "3"]).into(),
-                    self.pick(&["0", "1"]).into(),
+                    self.pick(&["0", "1", "2"]).into(),
                 ];
                 if a[3] != "0" && self.chance(40) {
                     k.push(own(&a[0]));
@@ -239,7 +239,7 @@ impl Generator {
                     self.mode(),
                     self.grace(),
                     self.pick(&["w", "r"]).into(),
-                    self.pick(&["0", "1"]).into(),
+                    self.pick(&["0", "1", "2"]).into(),
                 ];
                 if a[3] != "0" && self.chance(40) {
                     k.push(own(&a[0]));
@@ -341,7 +341,7 @@ impl Generator {
         let lock6 = &LOCK[..6];
         let release6 = [LOCK[0], LOCK[2], LOCK[3], LOCK[4], LOCK[5], LOCK[1]];
         // Waiters to be handed the lock (their registrations name their ttl), or woken.
-        let direct = self.pick(&["0", "1"]);
+        let direct = self.pick(&["0", "1", "2"]);
         let holder = self.pick(&["t1", "t2"]);
         let ttl = self.pick(&["1000", "5000", "30000"]);
         let grace = self.pick(&["1000", "5000"]);
