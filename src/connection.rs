@@ -30,6 +30,30 @@ use crate::resp::{NotResp, ReplyBuffer};
 use crate::tls::{self, TlsSetup};
 use crate::url::{Addr, Login, Tls};
 
+/// While fewer bytes than this are unread, a reader waiting on a connection made
+/// [quiet](Connection::quiet_until) is not woken: more than the reply of an attempt that
+/// found a lock held (`*2\r\n:0\r\n:<pttl>\r\n`, at most 19 bytes for a lease of up to a
+/// day), fewer than the reply of any pop of an element (the list's name alone is longer).
+const QUIET_BYTES: libc::c_int = 24;
+
+/// Sets the socket's low-water mark (`SO_RCVLOWAT`): `poll` reports it readable once this
+/// many bytes are unread (or at its end of stream, or on an error).
+fn set_low_water(fd: RawFd, bytes: libc::c_int) {
+    // SAFETY: setsockopt reads one c_int from a local that outlives the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        log::debug!("SO_RCVLOWAT refused: {}", io::Error::last_os_error());
+    }
+}
+
 /// How to open connections to one server: its address, TLS and login.
 pub(crate) struct Connector {
     pub addr: Addr,
@@ -112,6 +136,7 @@ impl Connector {
             process: process::generation(),
             addr: self.addr.clone(),
             scripts: Vec::new(),
+            quiet: None,
         };
         self.log_in(&mut conn, deadline)?;
         Ok(conn)
@@ -444,6 +469,9 @@ pub(crate) struct Connection {
     addr: Addr,
     /// Scripts this connection's server was seen to have cached (by their SHA1).
     scripts: Vec<&'static str>,
+    /// Until when a reader is not woken for fewer than [`QUIET_BYTES`] unread (see
+    /// [`Connection::quiet_until`]).
+    quiet: Option<Instant>,
 }
 
 /// Reads from the connection for the parser, waiting until `deadline` and resuming after
@@ -452,6 +480,8 @@ struct DeadlineReader<'a> {
     io: &'a mut Io,
     deadline: Instant,
     watch: &'a Watch,
+    /// The connection's [`Connection::quiet_until`], ended by the first bytes read.
+    quiet: &'a mut Option<Instant>,
     /// Why the last read failed, when it was a timeout or a cancellation (the parser
     /// wraps the I/O error and loses its kind).
     ended: Option<ErrorKind>,
@@ -467,13 +497,27 @@ impl Read for DeadlineReader<'_> {
         loop {
             if ready {
                 match self.io.read_now(buf) {
-                    Ok(n) => return Ok(n),
+                    Ok(n) => {
+                        self.end_quiet();
+                        return Ok(n);
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
                 }
             }
-            if let Err(e) = wait_ready(self.io.fd(), libc::POLLIN, self.deadline, self.watch) {
+            let until = match *self.quiet {
+                Some(quiet) if quiet < self.deadline => quiet,
+                _ => self.deadline,
+            };
+            if let Err(e) = wait_ready(self.io.fd(), libc::POLLIN, until, self.watch) {
+                if e.kind() == io::ErrorKind::TimedOut && self.quiet.is_some() {
+                    // The pop's own reply is due, or this reply's deadline came: whatever
+                    // arrived (under the low-water mark, perhaps) counts, and whatever
+                    // arrives now wakes the reader.
+                    self.end_quiet();
+                    continue;
+                }
                 self.ended = Some(if is_cancelled(&e) {
                     ErrorKind::Cancelled
                 } else if e.kind() == io::ErrorKind::TimedOut {
@@ -488,7 +532,30 @@ impl Read for DeadlineReader<'_> {
     }
 }
 
+impl DeadlineReader<'_> {
+    fn end_quiet(&mut self) {
+        if self.quiet.take().is_some() {
+            set_low_water(self.io.fd(), 1);
+        }
+    }
+}
+
 impl Connection {
+    /// Lets a reader of the request just sent sleep until at least [`QUIET_BYTES`] are
+    /// unread, until `until`, or until the deadline of the reply it waits for, whichever
+    /// comes first; the first bytes it reads end this. For a request whose replies are all
+    /// awaited together, and whose last comes from a pop that the server holds until
+    /// `until` at most unless something is pushed (a waiter's attempt and its block): the
+    /// attempt's reply (the lock was held) then wakes nobody on its own. A plain socket
+    /// only (TLS records are longer than those replies anyway); the end of the stream, an
+    /// error and a cancellation wake the reader as ever.
+    pub fn quiet_until(&mut self, until: Instant) {
+        if let Io::Plain(s) = &self.io {
+            set_low_water(s.as_raw_fd(), QUIET_BYTES);
+            self.quiet = Some(until);
+        }
+    }
+
     /// Whether this connection's server answered a script of this SHA1 without `NOSCRIPT`
     /// (and has not answered `NOSCRIPT` since).
     pub fn knows_script(&self, sha: &str) -> bool {
@@ -515,6 +582,9 @@ impl Connection {
                 ErrorKind::Connection,
                 "the connection is out of step with its replies",
             ));
+        }
+        if self.quiet.take().is_some() {
+            set_low_water(self.io.fd(), 1);
         }
         self.broken = true;
         self.io
@@ -554,6 +624,7 @@ impl Connection {
                 io: &mut self.io,
                 deadline,
                 watch,
+                quiet: &mut self.quiet,
                 ended: None,
             };
             match reader.read(self.replies.room()) {

@@ -18,6 +18,9 @@ pub(crate) struct Call {
     script: Option<(&'static Lua, usize)>,
     /// A blocking command: how long the server may hold it.
     block: Option<Duration>,
+    /// A pop that waits for a push (`BLPOP`), unlike `WAIT`: what is answered ahead of it
+    /// in its request comes long before its own reply.
+    pop: bool,
 }
 
 impl Call {
@@ -27,14 +30,24 @@ impl Call {
             packed: cmd.get_packed_command().into(),
             script: None,
             block: None,
+            pop: false,
         }
     }
 
-    /// A command the server holds up to `block` before it answers (`BLPOP`).
+    /// A command the server holds up to `block` before it answers (`WAIT`).
     pub fn blocking(cmd: &redis::Cmd, block: Duration) -> Call {
         Call {
             block: Some(block),
             ..Call::cmd(cmd)
+        }
+    }
+
+    /// A pop the server holds up to `block`, until something is pushed to its list
+    /// (`BLPOP`).
+    pub fn blocking_pop(cmd: &redis::Cmd, block: Duration) -> Call {
+        Call {
+            pop: true,
+            ..Call::blocking(cmd, block)
         }
     }
 
@@ -58,6 +71,7 @@ impl Call {
             packed: packed.into(),
             script: Some((lua, tail)),
             block: None,
+            pop: false,
         }
     }
 
@@ -67,6 +81,7 @@ impl Call {
             packed: self.as_eval().into(),
             script: None,
             block: self.block,
+            pop: self.pop,
         }
     }
 
@@ -83,6 +98,11 @@ impl Call {
     /// How long the server may hold this call before it answers (a blocking command).
     pub fn block(&self) -> Option<Duration> {
         self.block
+    }
+
+    /// How long the server may hold this call, if it is a pop that waits for a push.
+    pub fn pop_block(&self) -> Option<Duration> {
+        self.block.filter(|_| self.pop)
     }
 
     /// The same call as `EVAL` with the script's text (for `NOSCRIPT`).

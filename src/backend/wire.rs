@@ -45,6 +45,16 @@ pub(crate) fn send_calls(conn: &mut Connection, calls: &[Call], how: &Exec<'_>) 
         calls.len(),
         how.cutoff.map_or(deadline, |c| deadline.min(c)),
     )?;
+    // The replies ahead of a pop come at once; the reader waits for the pop's all the same.
+    let pop = calls
+        .iter()
+        .enumerate()
+        .find_map(|(i, c)| Some((i, c.pop_block()?)));
+    if let Some((i, block)) = pop
+        && i > 0
+    {
+        conn.quiet_until(sent_at + block);
+    }
     Ok(sent_at)
 }
 

@@ -66,7 +66,7 @@ pub(crate) fn attempt(
         blpop
             .arg(kind.wake_list(keys))
             .arg(format!("{:.3}", block.as_secs_f64()));
-        calls.push(Call::blocking(&blpop, block));
+        calls.push(Call::blocking_pop(&blpop, block));
         if direct {
             return calls;
         }

@@ -615,6 +615,58 @@ fn a_lock_handed_to_a_blocked_waiter_costs_sixteen_server_commands() {
     second.release().unwrap();
 }
 
+/// The voluntary context switches of the calling thread so far (Linux).
+fn sleeps_of_this_thread() -> u64 {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+/// A blocked waiter sleeps once, until the release hands it the lock: the reply of its
+/// attempt (the lock was held), which comes long before, does not wake it on its own.
+#[test]
+fn a_blocked_waiter_sleeps_once_until_it_is_handed_the_lock() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let mut holder = client.lock("quiet").try_acquire().unwrap();
+    let mut sleeps = Vec::new();
+    // The first round warms the waiter's blocking connection (connecting sleeps too).
+    for _ in 0..2 {
+        let blocks = server.calls("blpop");
+        let waiter = {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                let before = sleeps_of_this_thread();
+                // Without renewal, and a ttl within the claim lease: no other thread and no
+                // extend are part of the acquire.
+                let g = client
+                    .lock("quiet")
+                    .ttl(Duration::from_secs(2))
+                    .renew(false)
+                    .acquire_timeout(Duration::from_secs(20))
+                    .unwrap();
+                let slept = sleeps_of_this_thread() - before;
+                g.release().unwrap();
+                slept
+            })
+        };
+        assert!(eventually(Duration::from_secs(5), || {
+            server.calls("blpop") > blocks
+        }));
+        // Long enough for the attempt's reply to have reached the waiter.
+        std::thread::sleep(Duration::from_millis(100));
+        holder.release().unwrap();
+        sleeps.push(within(Duration::from_secs(10), move || {
+            waiter.join().unwrap()
+        }));
+        holder = client.lock("quiet").try_acquire().unwrap();
+    }
+    assert_eq!(sleeps[1], 1, "{sleeps:?}");
+}
+
 #[test]
 fn a_lock_handed_to_a_waiter_that_vanished_lapses_within_its_registration() {
     let server = RedisServer::start();
