@@ -215,6 +215,32 @@ pub(crate) fn attempt(reply: Option<Value>) -> Result<AttemptReply> {
     }
 }
 
+/// Reads the reply of a Redlock member's `SET key token NX PX ttl` (see
+/// [`crate::protocol::calls::member_attempt`]): `OK` is the key taken for `ttl`, without a
+/// fencing token; nil is the key held by another owner, for a time not known.
+///
+/// Errors: the server's error, or [`ErrorKind::Server`] for no reply or one of another
+/// shape.
+pub(crate) fn member_attempt(reply: Option<Value>, ttl: Duration) -> Result<AttemptReply> {
+    let Some(reply) = reply else {
+        return Err(Error::new(ErrorKind::Server, "no reply to the attempt"));
+    };
+    let granted = AttemptReply::Granted {
+        fencing_token: 0,
+        lease: ttl,
+        server_clock: None,
+    };
+    match value(Some(reply))? {
+        Value::Okay => Ok(granted),
+        Value::SimpleString(s) if s == "OK" => Ok(granted),
+        Value::Nil => Ok(AttemptReply::Busy { holder_pttl: None }),
+        other => Err(Error::new(
+            ErrorKind::Server,
+            format!("unexpected reply to an attempt: {other:?}"),
+        )),
+    }
+}
+
 /// Reads the reply of a direct waiter's block: a grant a release left on the waiter's own
 /// wake list `own_wake` (`g<fencing token>:<lease ms>`, see [`crate::scripts::RELEASE`])
 /// is the lock taken, leased for at most the `ttl` the waiter asked for; anything else (a
@@ -352,6 +378,28 @@ mod tests {
 
     fn array(items: Vec<Value>) -> Option<Value> {
         Some(Value::Array(items))
+    }
+
+    #[test]
+    fn a_redlock_members_set_is_taken_on_ok_and_busy_on_nothing() {
+        let ttl = Duration::from_secs(10);
+        let granted = AttemptReply::Granted {
+            fencing_token: 0,
+            lease: ttl,
+            server_clock: None,
+        };
+        assert_eq!(member_attempt(Some(Value::Okay), ttl).unwrap(), granted);
+        let ok = Value::SimpleString("OK".into());
+        assert_eq!(member_attempt(Some(ok), ttl).unwrap(), granted);
+        assert_eq!(
+            member_attempt(Some(Value::Nil), ttl).unwrap(),
+            AttemptReply::Busy { holder_pttl: None }
+        );
+        let oom = redis::parse_redis_value(b"-OOM command not allowed\r\n").unwrap();
+        assert!(matches!(oom, Value::ServerError(_)), "{oom:?}");
+        assert!(member_attempt(Some(oom), ttl).is_err());
+        assert!(member_attempt(Some(Value::Int(1)), ttl).is_err());
+        assert!(member_attempt(None, ttl).is_err());
     }
 
     #[test]

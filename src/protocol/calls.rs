@@ -76,30 +76,19 @@ pub(crate) fn attempt(
     calls
 }
 
-/// The clock estimate of an attempt that wants no fencing token (Redlock's: its members'
-/// counters would only count). The acquire script then leaves the counter alone.
-pub(crate) const NO_FENCING_TOKEN: u64 = 1;
-
-/// The kind's acquire script alone, for `hold` taken for `ttl` in `mode` (a waiter's
-/// registration living `grace` unrefreshed), with the server's clock estimated as
-/// `clock_us`.
-pub(crate) fn attempt_script(
-    hold: Hold<'_>,
-    ttl: Duration,
-    mode: Mode,
-    grace: Duration,
-    clock_us: u64,
-) -> Call {
-    hold.kind.attempt(
-        hold.keys,
-        hold.token,
-        ttl.as_millis() as u64,
-        mode,
-        grace.as_millis() as u64,
-        clock_us,
-        false,
-        Registration::Woken,
-    )
+/// A Redlock member's attempt at a mutex: `SET key token NX PX ttl`, no script. A quorum
+/// wants no fencing token, and never sends an attempt again under its token (one that is
+/// not granted is given back first, and the next goes under a fresh token), so the
+/// acquire script's checks are not needed; read the reply with
+/// [`reply::member_attempt`].
+pub(crate) fn member_attempt(hold: Hold<'_>, ttl: Duration) -> Call {
+    let mut set = redis::cmd("SET");
+    set.arg(&hold.keys.lock)
+        .arg(hold.token)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl.as_millis() as u64);
+    Call::cmd(&set)
 }
 
 /// A direct waiter's block (see [`attempt`]): its own wake list, and the ttl it asked for.

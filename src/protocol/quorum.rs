@@ -2,9 +2,9 @@
 //! describes it, with no corners cut): every call is one round on every member, and the
 //! answers are counted ([`crate::core::quorum`]).
 //!
-//! - An attempt sends the same token to every member (the acquire script, as a single
-//!   attempt). When it is not granted on a majority in time, the acquire gives it back on
-//!   every member, those that did not answer included (the machine of
+//! - An attempt sends the same token to every member (`SET NX PX`, no script: see
+//!   [`calls::member_attempt`]). When it is not granted on a majority in time, the acquire
+//!   gives it back on every member, those that did not answer included (the machine of
 //!   [`crate::core::acquire`] does, within the call's bounds), before it goes on. A waiter
 //!   sleeps between attempts (no wake-up across members) and never repeats a token.
 //! - Each member gets much less than the ttl per round: ttl/10, at least 10 ms, at most
@@ -25,7 +25,7 @@ use crate::backend::members::{Members, per_member};
 use crate::core::acquire::Bounds;
 use crate::core::backoff;
 use crate::core::quorum::{self, AcquireVerdict};
-use crate::core::reply::{self, Answer, AttemptReply, ExtendReply, Mode, ReleaseReply};
+use crate::core::reply::{self, Answer, AttemptReply, ExtendReply, ReleaseReply};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
@@ -145,13 +145,7 @@ impl LockServer for Quorum {
     fn attempt(&self, request: &AttemptRequest<'_>) -> Result<Option<Answer<AttemptReply>>> {
         let keys = request.hold.keys;
         // Redlock hands out no fencing tokens: the members' counters would only count.
-        let call = calls::attempt_script(
-            request.hold,
-            request.ttl,
-            Mode::Once,
-            request.grace,
-            calls::NO_FENCING_TOKEN,
-        );
+        let call = calls::member_attempt(request.hold, request.ttl);
         let start = Instant::now();
         let answers = self.round(
             &keys.lock,
@@ -159,7 +153,7 @@ impl LockServer for Quorum {
             Lane::Urgent,
             request.ttl,
             request.exec.cutoff,
-            reply::attempt,
+            |value| reply::member_attempt(value, request.ttl),
         );
         let names = self.members.names();
         match quorum::acquire(

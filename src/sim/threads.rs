@@ -27,7 +27,7 @@ use crate::core::lease::{
     RenewalStep,
 };
 use crate::core::quorum::{self, AcquireVerdict};
-use crate::core::reply::{Adopted, Answer, AttemptReply, ExtendReply, Mode, ReleaseReply};
+use crate::core::reply::{self, Adopted, Answer, AttemptReply, ExtendReply, ReleaseReply};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
@@ -284,13 +284,7 @@ impl World {
                 };
                 let blocked = plan.block.is_some();
                 let request = if self.redlock() {
-                    let call = calls::attempt_script(
-                        h,
-                        acq.spec.ttl,
-                        Mode::Once,
-                        self.grace(),
-                        calls::NO_FENCING_TOKEN,
-                    );
+                    let call = calls::member_attempt(h, acq.spec.ttl);
                     Request::Round(self.round(
                         client,
                         Purpose::Task(task),
@@ -898,10 +892,7 @@ impl World {
             .answers
             .iter()
             .map(|a| match a {
-                Some(Ok(values)) => {
-                    calls::read_attempt(values.clone(), false, false, None, None, round.started)
-                        .map(|a| a.reply)
-                }
+                Some(Ok(values)) => reply::member_attempt(values.first().cloned(), round.ttl),
                 Some(Err(e)) => Err(e.clone()),
                 None => Err(Error::new(ErrorKind::Timeout, "no reply").sent()),
             })
