@@ -59,7 +59,7 @@ pub enum HeldAs {
 /// `INSPECT`: a consistent view of a lock, of whatever kind holds the name.
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] queue, KEYS[4] reentrant holds
-/// - Returns `{holder or false, pttl, fence or false, live registrations, reentrant owner
+/// - Returns `{holder or false, pttl, fence or false, live waiters, reentrant owner
 ///   or false, holds, kind, count}`: kind `mutex`, `semaphore` (count: live permits),
 ///   `rwlock` (holder: the live writer's token; count: live readers) or false (free).
 static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
@@ -69,7 +69,16 @@ local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local kind = redis.call('TYPE', KEYS[1]).ok
 local fence = redis.call('GET', KEYS[2])
-local waiters = redis.call('ZCOUNT', KEYS[3], now_ms, '+inf')
+-- A waiter registered in both forms (plain, and `!<ttl>|<token>` to be handed the lock)
+-- counts once.
+local waiters, seen = 0, {}
+for _, member in ipairs(redis.call('ZRANGE', KEYS[3], now_ms, '+inf', 'BYSCORE')) do
+  local token = string.match(member, '^!%d+|(.+)$') or member
+  if not seen[token] then
+    seen[token] = true
+    waiters = waiters + 1
+  end
+end
 local pttl = redis.call('PTTL', KEYS[1])
 if kind == 'zset' then
   local permits = redis.call('ZCOUNT', KEYS[1], now_ms, '+inf')

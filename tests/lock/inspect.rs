@@ -43,6 +43,28 @@ fn operators_can_inspect_list_and_break_locks() {
     other.release().unwrap();
 }
 
+/// A waiter counts once, also while registered in both forms (woken, and handed the lock:
+/// one that once slept for want of a blocking connection); lapsed registrations not at all.
+#[test]
+fn a_waiter_registered_in_both_forms_counts_once() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let _guard = client.lock("two-forms").try_acquire().unwrap();
+    let now: Vec<String> = server.cmd(&["TIME"]);
+    let now_ms = now[0].parse::<u64>().unwrap() * 1000 + now[1].parse::<u64>().unwrap() / 1000;
+    let queue = "redlease:queue:{two-forms}";
+    let (live, lapsed) = ((now_ms + 60_000).to_string(), (now_ms - 1).to_string());
+    for (score, member) in [
+        (&live, "w1"),
+        (&live, "!30000|w1"),
+        (&live, "!30000|w2"),
+        (&lapsed, "w3"),
+    ] {
+        server.cmd::<i64>(&["ZADD", queue, score, member]);
+    }
+    assert_eq!(client.inspect("two-forms").unwrap().waiters, 2);
+}
+
 /// A name whose key is not a lock (a list, a stream, a hash of other fields, a huge hash)
 /// is reported clearly, without blocking the server on a huge key.
 #[test]
