@@ -31,10 +31,14 @@ use crate::tls::{self, TlsSetup};
 use crate::url::{Addr, Login, Tls};
 
 /// While fewer bytes than this are unread, a reader waiting on a connection made
-/// [quiet](Connection::quiet_until) is not woken: more than the reply of an attempt that
-/// found a lock held (`*2\r\n:0\r\n:<pttl>\r\n`, at most 19 bytes for a lease of up to a
-/// day), fewer than the reply of any pop of an element (the list's name alone is longer).
-const QUIET_BYTES: libc::c_int = 24;
+/// [quiet](Connection::quiet_until) is not woken: one more than the reply of an attempt
+/// that leads a block and found the lock held (`*2\r\n:0\r\n$11\r\n<pttl>\r\n`, the
+/// pttl zero-padded to 11 characters: 26 bytes, see [`crate::scripts::ACQUIRE`]), and no
+/// more than that reply with the shortest reply of a pop (`*-1\r\n`, nothing popped). The
+/// other replies of an attempt are longer (it took the lock: three integers, the first
+/// fencing token of 16 digits), and so are the server's errors, or they come with the
+/// pop's own (`-MOVED`). Should one not, the reply's deadline still ends the wait.
+pub(crate) const QUIET_BYTES: libc::c_int = 27;
 
 /// Sets the socket's low-water mark (`SO_RCVLOWAT`): `poll` reports it readable once this
 /// many bytes are unread (or at its end of stream, or on an error).

@@ -29,7 +29,9 @@ pub struct LockInfo {
     pub remaining: Option<Duration>,
     /// The last fencing token handed out for this name, if any.
     pub fencing_token: Option<u64>,
-    /// Waiters registered now (their registrations not lapsed).
+    /// Waiters registered now (their registrations not lapsed), each once. Past 10,000
+    /// registrations, registrations are counted instead: a waiter registered both to be
+    /// woken and to be handed the lock may count twice then.
     pub waiters: u64,
     /// For a reentrant lock: its owner and how many holds the owner has.
     pub reentrant: Option<(String, u64)>,
@@ -70,13 +72,18 @@ local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local kind = redis.call('TYPE', KEYS[1]).ok
 local fence = redis.call('GET', KEYS[2])
 -- A waiter registered in both forms (plain, and `!<ttl>|<token>` to be handed the lock)
--- counts once.
-local waiters, seen = 0, {}
-for _, member in ipairs(redis.call('ZRANGE', KEYS[3], now_ms, '+inf', 'BYSCORE')) do
-  local token = string.match(member, '^!%d+|(.+)$') or member
-  if not seen[token] then
-    seen[token] = true
-    waiters = waiters + 1
+-- counts once; past 10,000 registrations they are counted, not read (the server must not
+-- be blocked on a huge queue).
+local waiters = redis.call('ZCOUNT', KEYS[3], now_ms, '+inf')
+if waiters <= 10000 then
+  local seen = {}
+  waiters = 0
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[3], now_ms, '+inf', 'BYSCORE')) do
+    local token = string.match(member, '^!%d+|(.+)$') or member
+    if not seen[token] then
+      seen[token] = true
+      waiters = waiters + 1
+    end
   end
 end
 local pttl = redis.call('PTTL', KEYS[1])

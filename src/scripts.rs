@@ -178,7 +178,9 @@ end
 /// - Returns `{1, fencing_token, lease_ms}` when acquired (`lease_ms` is the ttl the key
 ///   was set to; a fourth element, the server's clock in microseconds, when the script
 ///   read it), `{0, pttl_ms}` when another owner holds it (`pttl_ms` is -1 for a key
-///   without expiry), and for a reentrant lock its owner already holds `{2,
+///   without expiry; for an attempt that leads a block, a bulk string of 11 characters,
+///   zero-padded, so that the reply is always 26 bytes long: see
+///   `connection::QUIET_BYTES`), and for a reentrant lock its owner already holds `{2,
 ///   fencing_token, lease_ms, token}`: one more hold of that acquisition (its token and
 ///   fencing token), whose lease is now at least the ttl.
 ///
@@ -236,6 +238,14 @@ local member = handed and direct or token
 -- A leading attempt (its waiter's own wake list passed last) that takes the lock leaves a
 -- wake-up there, which the block pipelined behind it pops at once.
 local own = KEYS[owner and 8 or 7]
+-- A busy reply; an attempt that leads a block gives its pttl as a bulk string of a fixed
+-- width, so that the reply's length is known (see QUIET_BYTES in the client).
+local function busy(pttl)
+  if own then
+    return {0, string.format('%011d', pttl)}
+  end
+  return {0, pttl}
+end
 local function wake_self()
   if own then
     redis.call('RPUSH', own, '1')
@@ -341,7 +351,7 @@ if redis.call('PTTL', KEYS[4]) < lives then
   redis.call('PEXPIRE', KEYS[4], 2 * lives)
   redis.call('SET', KEYS[6], '1', 'PX', 2 * lives)
 end
-return {0, pttl}
+return busy(pttl)
 "
     ))
 });
@@ -619,6 +629,13 @@ local function wake_self(own, lives)
     redis.call('PEXPIRE', own, lives)
   end
 end
+local function busy(ms, own)
+  if own then
+    -- (A fixed width: see ACQUIRE.)
+    return {0, string.format('%011d', ms)}
+  end
+  return {0, ms}
+end
 local function wake(wakeup, queue, count, lives)
   if redis.call('EXISTS', queue) == 0 then
     return
@@ -647,7 +664,8 @@ end
 ///   [`ACQUIRE`]'s ARGV[6]; a direct waiter's registration lets a release hand it its
 ///   permit, see [`RELEASE_PERMIT`])
 /// - Returns `{1, fencing_token, ttl_ms, clock_us}` when a permit is taken (`clock_us`:
-///   the server's clock), `{0, ms}` when all are held (`ms`: until the first of them
+///   the server's clock), `{0, ms}` when all are held (`ms`, of a fixed width for an
+///   attempt that leads a block as in [`ACQUIRE`]: until the first of them
 ///   expires).
 ///
 /// A permit held under the token already (a repeated or late attempt, or a permit a
@@ -680,7 +698,7 @@ if taken or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[6]) then
 end
 register(KEYS[4], token, member, direct, mode, tonumber(ARGV[5]), KEYS[5], ARGV[7] == '2')
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {0, math.max(tonumber(first[2]) - now, 0)}
+return busy(math.max(tonumber(first[2]) - now, 0), KEYS[5])
 "
     ))
 });
@@ -774,7 +792,8 @@ return 1
 ///   ARGV[5] the waiter's grace ms, ARGV[6] `w` or `r`, ARGV[7] how a waiting writer
 ///   registers (as [`ACQUIRE`]'s ARGV[6]; a direct writer's registration lets a release
 ///   hand it the lock, see [`RELEASE_RW`])
-/// - Returns `{1, fencing_token, ttl_ms, clock_us}` or `{0, ms}` (until the first holder
+/// - Returns `{1, fencing_token, ttl_ms, clock_us}` or `{0, ms}` (`ms` of a fixed width
+///   for an attempt that leads a block, as in [`ACQUIRE`]; until the first holder
 ///   expires).
 pub(crate) static ACQUIRE_RW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
@@ -835,7 +854,7 @@ else
   end
   register(KEYS[5], token, token, token, mode, tonumber(ARGV[5]), KEYS[7], false)
 end
-return {0, first and math.max(first - now, 0) or -1}
+return busy(first and math.max(first - now, 0) or -1, KEYS[7])
 "
     ))
 });

@@ -96,6 +96,11 @@ fn read_replies(
     let mut values = Vec::with_capacity(calls.len());
     let mut since = sent_at;
     for call in calls {
+        if call.pop_block().is_some() {
+            // The replies ahead of a pop may be read only with its own (see
+            // `Connection::quiet_until`): it is timed from the write, as they are.
+            since = sent_at;
+        }
         let mut deadline = since + how.io;
         if let Some(block) = call.block() {
             deadline += block + BLOCK_LATENESS;

@@ -403,6 +403,19 @@ mod tests {
     }
 
     #[test]
+    fn a_busy_reply_of_fixed_width_reads_as_its_number() {
+        for (text, pttl) in [("00000012345", Some(12_345)), ("-0000000001", None)] {
+            let reply = array(vec![Value::Int(0), Value::BulkString(text.into())]);
+            assert_eq!(
+                attempt(reply).unwrap(),
+                AttemptReply::Busy {
+                    holder_pttl: pttl.map(Duration::from_millis)
+                }
+            );
+        }
+    }
+
+    #[test]
     fn attempt_replies_are_read_by_shape() {
         assert_eq!(
             attempt(array(vec![Value::Int(1), Value::Int(7), Value::Int(500)])).unwrap(),

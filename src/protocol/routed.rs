@@ -399,6 +399,102 @@ mod tests {
         }
     }
 
+    /// A waiter's thread is not woken by the reply of its attempt alone (see
+    /// `Connection::quiet_until`): that reply (the lock found held) stays under
+    /// `QUIET_BYTES` whatever the holder's lease, and with the shortest reply of its block
+    /// (nothing popped: a timeout, or an operator's `CLIENT UNBLOCK`) reaches it, for every
+    /// kind whose waiters block.
+    #[test]
+    fn a_leading_attempts_busy_reply_is_under_the_low_water_mark_and_its_blocks_over_it() {
+        use std::io::{Read, Write};
+        let server = RedisServer::start();
+        let holder_ms = ["-1", "5", "60000", "86400000"];
+        let kinds = [
+            Kind::Mutex,
+            Kind::Reentrant("o".into()),
+            Kind::Permit(1),
+            Kind::Write,
+            Kind::Read,
+        ];
+        for (n, kind) in kinds.iter().enumerate() {
+            for (m, ms) in holder_ms.iter().enumerate() {
+                let keys = LockKeys::new("", &format!("quiet-{n}-{m}")).unwrap();
+                // Held by another, with `ms` left (-1: a mutex's key without expiry).
+                match kind {
+                    Kind::Permit(_) => {
+                        let expiry =
+                            (now_ms(&server) + ms.parse::<u64>().unwrap_or(60_000)).to_string();
+                        server.cmd::<i64>(&["ZADD", &keys.lock, &expiry, "other"]);
+                    }
+                    Kind::Write | Kind::Read => {
+                        let expiry = now_ms(&server) + ms.parse::<u64>().unwrap_or(60_000);
+                        let w = format!("{expiry} other");
+                        server.cmd::<i64>(&["HSET", &keys.lock, "w", &w]);
+                    }
+                    _ if *ms == "-1" => server.cmd::<()>(&["SET", &keys.lock, "other"]),
+                    _ => server.cmd::<()>(&["SET", &keys.lock, "other", "PX", ms]),
+                }
+                let hold = Hold {
+                    kind,
+                    keys: &keys,
+                    token: "w1",
+                };
+                let calls = crate::protocol::calls::attempt(
+                    hold,
+                    Duration::from_secs(30),
+                    Mode::Lead,
+                    Duration::from_secs(2),
+                    Some(Duration::from_millis(10)),
+                    true,
+                    kind.hands_over(),
+                    true,
+                    None,
+                    0,
+                );
+                let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(5)))
+                    .unwrap();
+                for call in &calls {
+                    stream.write_all(&call.as_eval()).unwrap();
+                }
+                // Every reply (the attempt's, the block's, and the attempt after the block
+                // of a waiter that is woken), and where each ends, fed byte by byte to the
+                // connection's own parser.
+                let mut bytes = Vec::new();
+                let mut ends = Vec::new();
+                let mut replies = Vec::new();
+                let mut parser = crate::resp::ReplyBuffer::new();
+                let mut buf = [0u8; 1];
+                while replies.len() < calls.len() {
+                    let read = stream.read(&mut buf).unwrap_or_else(|e| {
+                        panic!("{kind:?} {ms}: {e}: {:?}", String::from_utf8_lossy(&bytes))
+                    });
+                    assert_eq!(read, 1, "{kind:?} {ms}: {bytes:?}");
+                    bytes.push(buf[0]);
+                    parser.room()[0] = buf[0];
+                    parser.filled(1);
+                    if let Some(reply) = parser.next_reply().unwrap() {
+                        replies.push(reply);
+                        ends.push(bytes.len());
+                    }
+                }
+                let what = format!("{kind:?}, {ms} ms: {:?}", String::from_utf8_lossy(&bytes));
+                let quiet = crate::connection::QUIET_BYTES as usize;
+                assert!(ends[0] < quiet, "{what}");
+                assert!(ends[1] >= quiet, "{what}");
+                assert!(
+                    matches!(
+                        crate::core::reply::attempt(Some(replies[0].clone())).unwrap(),
+                        AttemptReply::Busy { .. }
+                    ),
+                    "{what}"
+                );
+                assert_eq!(&bytes[ends[0]..ends[1]], b"*-1\r\n", "{what}");
+            }
+        }
+    }
+
     /// The server's clock, in milliseconds.
     fn now_ms(server: &RedisServer) -> u64 {
         let now: Vec<String> = server.cmd(&["TIME"]);

@@ -615,6 +615,63 @@ fn a_lock_handed_to_a_blocked_waiter_costs_sixteen_server_commands() {
     second.release().unwrap();
 }
 
+/// A release hands the lock to a registered waiter that is between two rounds (its grant
+/// waits on its own wake list); the key is then deleted (an operator) and another client
+/// takes it. The attempt that leads the waiter's next block must empty its own list, so
+/// that the stale grant is never believed: the waiter gets the lock only after the other
+/// client released it, with a larger fencing token (found by an attacker; without the
+/// emptying, the waiter believed the stale grant at once).
+#[test]
+fn a_grant_left_on_a_waiters_own_list_is_not_believed_once_the_key_changed_hands() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let plain = client(&server.url());
+    let through = Client::with_options(&proxy.url(), crate::support::options(2000)).unwrap();
+    crate::support::warm(&plain);
+    crate::support::warm(&through);
+    let holder = plain.lock("stale-own").try_acquire().unwrap();
+    let waiter = std::thread::spawn(move || {
+        // A short fixed lease: no settling extend finds the key changed hands first.
+        let g = through
+            .lock("stale-own")
+            .ttl(Duration::from_millis(1000))
+            .renew(false)
+            .acquire_timeout(Duration::from_secs(15))
+            .unwrap();
+        (Instant::now(), g)
+    });
+    assert!(eventually(Duration::from_secs(5), || server.calls("blpop") >= 1));
+    // The waiter's next round (after its first block ends) is held 150 ms.
+    let next = proxy.on_request(
+        b"wakeme",
+        1,
+        Action::DelayRequest(Duration::from_millis(150)),
+    );
+    assert!(eventually(Duration::from_secs(5), || proxy.matched(next) == 1));
+    holder.release().unwrap();
+    let own: Vec<String> = server.cmd(&["KEYS", "redlease:wakeme:*stale-own*"]);
+    assert_eq!(own.len(), 1, "no grant on the own list: {own:?}");
+    assert_eq!(server.cmd::<i64>(&["LLEN", &own[0]]), 1);
+    server.cmd::<()>(&["DEL", "stale-own"]);
+    let other = plain
+        .lock("stale-own")
+        .ttl(Duration::from_secs(3))
+        .try_acquire()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(other.is_held());
+    let released = Instant::now();
+    let other_fence = other.fencing_token();
+    other.release().unwrap();
+    let (at, g) = within(Duration::from_secs(20), move || waiter.join().unwrap());
+    assert!(
+        at >= released,
+        "the waiter believed the stale grant while another held the lock"
+    );
+    assert!(g.fencing_token() > other_fence);
+    g.release().unwrap();
+}
+
 /// The voluntary context switches of the calling thread so far (Linux).
 fn sleeps_of_this_thread() -> u64 {
     let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
