@@ -576,13 +576,8 @@ fn a_release_hands_the_lock_to_a_blocked_waiter_who_sends_nothing_after_its_bloc
 fn a_lock_handed_to_a_blocked_waiter_costs_sixteen_server_commands() {
     let server = RedisServer::start();
     let client = client(&server.url());
-    // The release script cached (a first run's NOSCRIPT counts as a call).
-    client
-        .lock("warm")
-        .try_acquire()
-        .unwrap()
-        .release()
-        .unwrap();
+    // The scripts cached (a first run's NOSCRIPT counts as a call).
+    crate::support::warm(&client);
     let holder = client.lock("counted").try_acquire().unwrap();
     let waiter = || {
         let client = client.clone();
@@ -626,7 +621,7 @@ fn a_grant_left_on_a_waiters_own_list_is_not_believed_once_the_key_changed_hands
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let plain = client(&server.url());
-    let through = Client::with_options(&proxy.url(), crate::support::options(2000)).unwrap();
+    let through = Client::with_options(&proxy.url(), options_ms(2000, 2000)).unwrap();
     crate::support::warm(&plain);
     crate::support::warm(&through);
     let holder = plain.lock("stale-own").try_acquire().unwrap();
