@@ -186,17 +186,18 @@ end
 ///
 /// A registration also sets the waiting flag, to expire with the queue: a release looks
 /// at the queue only when the flag is there. Both are given twice a registration's life
-/// when less than one is left, so that most registrations need not refresh them. A registration's lapse is counted from
-/// `TIME`, and releases serve registrations in the order they lapse: the order waiters
-/// last registered, to the millisecond.
+/// when less than one is left, so that most registrations need not refresh them. A
+/// registration's lapse is counted from `TIME`, and releases serve registrations in the
+/// order they lapse: the order waiters last registered, to the millisecond.
 ///
 /// An attempt that leads a block (a waiter's first, mode 4; a direct waiter's every one,
 /// mode 4 or 2) goes in one write with the block on its own wake list and the wake list.
 /// It registers like mode 1, after emptying its own wake list: what the block pops was
 /// then pushed after the attempt ran. (Only releases that hand the lock to a registration
 /// of the token, which an attempt leading a block made, and such attempts push there: the
-/// first of them under a token, ARGV[6] `2`, finds the list empty, and leaves it.) When it takes the lock (or finds it handed to its
-/// token already) it pushes to the own wake list, so that the block returns at once.
+/// first of them under a token, ARGV[6] `2`, finds the list empty, and leaves it.) When
+/// it takes the lock (or finds it handed to its token already) it pushes to the own wake
+/// list, so that the block returns at once.
 ///
 /// A taken grant is leased for the shorter of the ttl and the grace, not for the ttl: if
 /// the waiter died right after its pipelined attempt ran, nobody would hear of the grant,
