@@ -70,10 +70,20 @@ end
 ///   `us`: the server's clock in microseconds.
 /// - `own_list(wake, token)`: the own wake list of the waiter whose token is `token`,
 ///   beside the wake list `wake` (as [`crate::keys::LockKeys::own_wake`] names it).
+/// - `written(...)`: whether none of the `redis.pcall` replies given is an error (a write
+///   refused under memory pressure).
 fn handoff() -> String {
     use crate::keys::{OWN_WAKE, RESERVED_PREFIX, WAKE};
     format!(
         r"
+local function written(...)
+  for _, reply in ipairs({{...}}) do
+    if type(reply) == 'table' and reply.err then
+      return false
+    end
+  end
+  return true
+end
 local function own_list(wake, token)
   return '{RESERVED_PREFIX}{OWN_WAKE}' .. string.sub(wake, {}) .. ':' .. token
 end
@@ -95,17 +105,10 @@ local function hand_over(member, score, queue, wake, fence, us, min_claim, max_c
   local own = own_list(wake, waiter)
   redis.call('ZREM', queue, member, waiter)
   local drawn, token = pcall(next_fence, fence, 0, us)
-  local pushed = drawn
-  if drawn then
-    for _, r in ipairs({{
-      give(waiter, lease),
-      redis.pcall('RPUSH', own, 'g' .. string.format('%.0f', token) .. ':' .. lease),
-    }}) do
-      if type(r) == 'table' and r.err then
-        pushed = false
-      end
-    end
-  end
+  local pushed = drawn and written(
+    give(waiter, lease),
+    redis.pcall('RPUSH', own, 'g' .. string.format('%.0f', token) .. ':' .. lease)
+  )
   if pushed then
     redis.call('PEXPIRE', own, lease)
     return waiter, lease
@@ -529,18 +532,13 @@ end
 -- Another waiter: through the wake list, which its first blocked waiter pops.
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
 local claim = math.min(math.max(tonumber(last[2]) - now, tonumber(ARGV[3])), tonumber(ARGV[4]))
-local set = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', claim)
-local pushed = type(set) ~= 'table' or not set.err
+local pushed = written(redis.pcall('SET', KEYS[1], ARGV[2], 'PX', claim))
 if pushed then
   redis.call('DEL', KEYS[2])
-  for _, r in ipairs({
+  pushed = written(
     redis.pcall('SET', KEYS[4], ARGV[2], 'PX', claim),
-    redis.pcall('RPUSH', KEYS[2], ARGV[2]),
-  }) do
-    if type(r) == 'table' and r.err then
-      pushed = false
-    end
-  end
+    redis.pcall('RPUSH', KEYS[2], ARGV[2])
+  )
 end
 if pushed then
   redis.call('PEXPIRE', KEYS[2], claim)
