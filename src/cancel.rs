@@ -143,6 +143,16 @@ impl Watch {
         }
     }
 
+    /// The watch of a single attempt: only its own token or hook, if any, may end its
+    /// round trip (not [`cancel_all`]).
+    pub fn attempt(token: Option<CancelToken>, hook: Option<InterruptHook>) -> Self {
+        Watch {
+            token,
+            hook,
+            cancel_all: false,
+        }
+    }
+
     /// Whether anything can cancel this wait (then it polls the eventfd and wakes every
     /// [`SLICE`]).
     pub fn is_active(&self) -> bool {

@@ -4,10 +4,15 @@
 //! timeout for each of its handshake replies (`CLIENT SETINFO` ×2, `AUTH`, `SELECT`), it
 //! surfaces an interrupted read (`EINTR`, which a socket with a timeout gets even under
 //! `SA_RESTART`) as a failure and then discards the next reply, and its reads cannot be
-//! woken to cancel a wait. So connections are ours: non-blocking sockets (socket2), TLS by
-//! rustls, and every wait a `poll(2)` against a deadline that is resumed with the time
-//! left when a signal interrupts it. The redis crate still packs the commands and parses
-//! the replies.
+//! woken to cancel a wait. So connections are ours: sockets by socket2, TLS by rustls, and
+//! every wait bounded by a deadline and resumed with the time left when a signal interrupts
+//! it. A wait that something may cancel, or a TLS connection's, is a `poll(2)`; a plain
+//! socket's wait for a reply that nothing but its deadline ends is the read itself, blocking
+//! under a receive timeout (`SO_RCVTIMEO`) that ends it before the deadline: one system
+//! call per reply, not two. Every other read and write of a socket does not block
+//! (`MSG_DONTWAIT`), and no write raises `SIGPIPE` (`MSG_NOSIGNAL`: a C program linking the
+//! library need not ignore it). The redis crate still packs the commands and parses the
+//! replies.
 //!
 //! Bounds: a connection is made (DNS, TCP, TLS, `AUTH`, `SELECT`) within one deadline; a
 //! request is written within its deadline; each reply is awaited until its deadline. Any
@@ -40,6 +45,11 @@ use crate::url::{Addr, Login, Tls};
 /// pop's own (`-MOVED`). Should one not, the reply's deadline still ends the wait.
 pub(crate) const QUIET_BYTES: libc::c_int = 27;
 
+/// How much earlier than its deadline a blocking read's receive timeout ends it: the
+/// kernel counts that timeout in scheduler ticks (down to 100 per second), rounded up, and
+/// may fire it one tick late. What is left after it ends is waited for with `poll`.
+const RECV_TIMEOUT_MARGIN: Duration = Duration::from_millis(25);
+
 /// Sets the socket's low-water mark (`SO_RCVLOWAT`): `poll` reports it readable once this
 /// many bytes are unread (or at its end of stream, or on an error).
 fn set_low_water(fd: RawFd, bytes: libc::c_int) {
@@ -55,6 +65,59 @@ fn set_low_water(fd: RawFd, bytes: libc::c_int) {
     };
     if rc != 0 {
         log::debug!("SO_RCVLOWAT refused: {}", io::Error::last_os_error());
+    }
+}
+
+/// Sets the socket's receive timeout (`SO_RCVTIMEO`), which ends a blocking read with
+/// `EAGAIN`; `false` when refused.
+fn set_recv_timeout(fd: RawFd, timeout: Duration) -> bool {
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: setsockopt reads one timeval from a local that outlives the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    rc == 0
+}
+
+/// `recv(2)` on a plain socket with `flags`.
+fn recv(socket: &Socket, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
+    // SAFETY: recv writes at most `buf.len()` bytes into `buf`, which outlives the call.
+    let n = unsafe {
+        libc::recv(
+            socket.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            flags,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Writes to a socket without blocking and without `SIGPIPE` (rustls writes TLS records
+/// through it too).
+struct NoSignal<'a>(&'a Socket);
+
+impl Write for NoSignal<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0
+            .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -122,7 +185,12 @@ impl Connector {
             }
         };
         let io = match (self.tls.mode(), &self.addr) {
-            (Tls::None, _) | (_, Addr::Unix(_)) => Io::Plain(socket),
+            (Tls::None, _) | (_, Addr::Unix(_)) => {
+                // Blocking, for the reads that wait under a receive timeout; every other
+                // call says MSG_DONTWAIT.
+                socket.set_nonblocking(false).map_err(io_error("socket"))?;
+                Io::Plain(socket)
+            }
             (_, Addr::Tcp { host, .. }) => {
                 let tls =
                     rustls::ClientConnection::new(self.tls.config()?, tls::server_name(host)?)
@@ -141,6 +209,7 @@ impl Connector {
             addr: self.addr.clone(),
             scripts: Vec::new(),
             quiet: None,
+            recv_timeout: None,
         };
         self.log_in(&mut conn, deadline)?;
         Ok(conn)
@@ -359,7 +428,7 @@ impl Io {
     /// Reads what is there without blocking (`WouldBlock` when nothing is).
     fn read_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Io::Plain(s) => (&*s).read(buf),
+            Io::Plain(s) => recv(s, buf, libc::MSG_DONTWAIT),
             Io::Tls(t) => loop {
                 match t.tls.reader().read(buf) {
                     Ok(n) => return Ok(n),
@@ -371,7 +440,7 @@ impl Io {
                     Ok(_) => {
                         t.tls.process_new_packets().map_err(io::Error::other)?;
                         if t.tls.wants_write() {
-                            let _ = t.tls.write_tls(&mut &t.socket);
+                            let _ = t.tls.write_tls(&mut NoSignal(&t.socket));
                         }
                     }
                     Err(e) => return Err(e),
@@ -386,7 +455,7 @@ impl Io {
             Io::Plain(s) => {
                 let mut written = 0;
                 while written < data.len() {
-                    match (&*s).write(&data[written..]) {
+                    match NoSignal(s).write(&data[written..]) {
                         Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                         Ok(n) => written += n,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -442,7 +511,7 @@ impl Io {
 impl TlsIo {
     fn flush(&mut self, deadline: Instant) -> io::Result<()> {
         while self.tls.wants_write() {
-            match self.tls.write_tls(&mut &self.socket) {
+            match self.tls.write_tls(&mut NoSignal(&self.socket)) {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_ready(
@@ -476,6 +545,8 @@ pub(crate) struct Connection {
     /// Until when a reader is not woken for fewer than [`QUIET_BYTES`] unread (see
     /// [`Connection::quiet_until`]).
     quiet: Option<Instant>,
+    /// The plain socket's receive timeout, when one was set.
+    recv_timeout: Option<Duration>,
 }
 
 /// Reads from the connection for the parser, waiting until `deadline` and resuming after
@@ -486,6 +557,8 @@ struct DeadlineReader<'a> {
     watch: &'a Watch,
     /// The connection's [`Connection::quiet_until`], ended by the first bytes read.
     quiet: &'a mut Option<Instant>,
+    /// The plain socket's receive timeout, when one was set.
+    recv_timeout: &'a mut Option<Duration>,
     /// Why the last read failed, when it was a timeout or a cancellation (the parser
     /// wraps the I/O error and loses its kind).
     ended: Option<ErrorKind>,
@@ -498,6 +571,14 @@ impl Read for DeadlineReader<'_> {
         // first would fail with EAGAIN and cost a system call). TLS may hold decrypted bytes
         // that poll cannot see, so it reads first.
         let mut ready = matches!(self.io, Io::Tls(_));
+        if !self.watch.is_active() && self.quiet.is_none() {
+            match self.blocking_read(buf) {
+                Some(Ok(n)) => return Ok(n),
+                Some(Err(e)) => return Err(e),
+                // Not taken, or the receive timeout ended it: poll for what is left.
+                None => {}
+            }
+        }
         loop {
             if ready {
                 match self.io.read_now(buf) {
@@ -537,6 +618,42 @@ impl Read for DeadlineReader<'_> {
 }
 
 impl DeadlineReader<'_> {
+    /// Waits for bytes in the read itself, blocking under a receive timeout that ends
+    /// [`RECV_TIMEOUT_MARGIN`] before the deadline: a plain socket, with more than twice
+    /// that left. The timeout is set again only when it would end past that point, or
+    /// before half the time left (the same few timeouts serve request after request).
+    /// `None` when not taken or when the timeout ended the read (the caller polls for the
+    /// rest), else the read's outcome; resumes after signals.
+    fn blocking_read(&mut self, buf: &mut [u8]) -> Option<io::Result<usize>> {
+        let Io::Plain(socket) = &*self.io else {
+            return None;
+        };
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left <= 2 * RECV_TIMEOUT_MARGIN {
+                return None;
+            }
+            let longest = left - RECV_TIMEOUT_MARGIN;
+            let timeout = match *self.recv_timeout {
+                Some(t) if t <= longest && t >= longest / 2 => t,
+                _ => {
+                    *self.recv_timeout = None;
+                    if !set_recv_timeout(socket.as_raw_fd(), longest) {
+                        return None;
+                    }
+                    longest
+                }
+            };
+            *self.recv_timeout = Some(timeout);
+            match recv(socket, buf, 0) {
+                Ok(n) => return Some(Ok(n)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
     fn end_quiet(&mut self) {
         if self.quiet.take().is_some() {
             set_low_water(self.io.fd(), 1);
@@ -629,6 +746,7 @@ impl Connection {
                 deadline,
                 watch,
                 quiet: &mut self.quiet,
+                recv_timeout: &mut self.recv_timeout,
                 ended: None,
             };
             match reader.read(self.replies.room()) {
@@ -700,7 +818,7 @@ impl Drop for Connection {
         let socket = match &mut self.io {
             Io::Tls(t) => {
                 t.tls.send_close_notify();
-                let _ = t.tls.write_tls(&mut &t.socket);
+                let _ = t.tls.write_tls(&mut NoSignal(&t.socket));
                 &t.socket
             }
             Io::Plain(s) => s,
@@ -720,5 +838,86 @@ pub(crate) fn pause(duration: Duration, watch: &Watch) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::TimedOut => Ok(()),
         Err(e) => Err(io_error("waiting")(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// A connection to a listener on loopback that accepts and never answers (the
+    /// listener's side is returned, to keep it open).
+    fn silent_peer() -> (Connection, std::net::TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let tls = Arc::new(TlsSetup::new(Tls::None, None).unwrap());
+        let addr = Addr::Tcp {
+            host: "127.0.0.1".into(),
+            port,
+        };
+        let connector = Connector::new(addr, tls, Login::default(), Duration::from_secs(5));
+        let conn = connector
+            .connect(Instant::now() + Duration::from_secs(5))
+            .unwrap();
+        let (peer, _) = listener.accept().unwrap();
+        (conn, peer)
+    }
+
+    #[test]
+    fn a_reply_awaited_with_nothing_to_cancel_ends_at_its_deadline_not_before() {
+        let (mut conn, _peer) = silent_peer();
+        // Long enough for the blocking read under a receive timeout, and short ones that
+        // are only polled for.
+        for wait in [
+            Duration::from_millis(400),
+            Duration::from_millis(120),
+            Duration::from_millis(30),
+            Duration::from_millis(400),
+        ] {
+            conn.broken = false;
+            conn.pending = 0;
+            let deadline = Instant::now() + wait;
+            conn.send(b"*1\r\n$4\r\nPING\r\n", 1, deadline).unwrap();
+            let err = conn.recv(deadline, &Watch::none()).unwrap_err();
+            let now = Instant::now();
+            assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+            assert!(now >= deadline, "ended {:?} early", deadline - now);
+            // Not a timing test: only that the wait ends (the bound is the deadline).
+            assert!(now < deadline + Duration::from_secs(5), "{wait:?}");
+        }
+    }
+
+    #[test]
+    fn a_write_to_a_closed_peer_fails_without_sigpipe() {
+        let (ours, theirs) = Socket::pair(socket2::Domain::UNIX, Type::STREAM, None).unwrap();
+        drop(theirs);
+        let mut io = Io::Plain(ours);
+        // SAFETY: the child only makes system calls (signal, send) and exits; it takes no
+        // lock another thread may hold and allocates nothing.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: restores the default action (death), as in a C program that never
+            // changed it; `_exit` ends the child without running the parent's destructors.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                let failed = io
+                    .write_all(b"PING\r\n", Instant::now() + Duration::from_secs(1))
+                    .is_err();
+                libc::_exit(if failed { 0 } else { 1 });
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked; writes one int.
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(rc, pid);
+        assert!(
+            !libc::WIFSIGNALED(status),
+            "the write raised signal {}",
+            libc::WTERMSIG(status)
+        );
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the write did not fail");
     }
 }

@@ -281,7 +281,12 @@ impl<'a> LockBuilder<'a> {
                 Some(Replicas { count, timeout })
             }
         };
-        let watch = Watch::waiting(self.cancel, self.on_interrupt);
+        let watch = if wait == Wait::No {
+            // A single attempt: `cancel_all` ends waits only.
+            Watch::attempt(self.cancel, self.on_interrupt)
+        } else {
+            Watch::waiting(self.cancel, self.on_interrupt)
+        };
         if wait != Wait::No && watch.cancelled() {
             return Err(Error::new(ErrorKind::Cancelled, "the wait was cancelled"));
         }
