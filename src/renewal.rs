@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::core::lease::{LostReason, RenewalStep};
+use crate::core::lease::{LostReason, RenewalStep, coalescing};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lane::Lane;
 use crate::lease::{Extended, Lease};
@@ -355,14 +355,6 @@ const BATCH_SLACK: Duration = Duration::from_millis(2);
 /// milliseconds) before its thread takes it back and renews on its own.
 const QUEUE_PATIENCE: Duration = Duration::from_millis(10);
 
-/// How much a renewal may be late so that wake-ups coalesce: a thirtieth of the ttl, from
-/// 50 µs to 15 ms. With a thread per lock, waking is most of renewal's cost (measured: about
-/// 19 µs of CPU per wake-up on the VM this was developed on); wake-ups that fall on the
-/// same instants, and timers the kernel may merge, cost much less.
-fn coalescing(ttl: Duration) -> Duration {
-    (ttl / 30).clamp(Duration::from_micros(50), Duration::from_millis(15))
-}
-
 /// Lets the kernel fire this thread's timers up to `slack` late, so that it can serve
 /// several with one interrupt (`PR_SET_TIMERSLACK`).
 fn set_timer_slack(slack: Duration) {
@@ -424,11 +416,10 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
             }
             Ok(None) => return None,
             Ok(Some(ticket)) => {
-                let due = lease.next_renewal();
-                if due > now {
-                    return Some(due);
-                }
                 let ttl = lease.ttl();
+                if let Some(due) = lease.renewal_wait(now) {
+                    return Some(on_grid(due, coalescing(ttl)));
+                }
                 let worker = me.clone();
                 let poke = Box::new(move || worker.reschedule(job, Instant::now()));
                 match lease.submit_renewal(ticket, poke) {
@@ -449,7 +440,7 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
         }
         // Before the gate was ours an extend may have moved the lease on.
         match lease.renewal_step(Instant::now()) {
-            RenewalStep::Wait(due) => return Some(due),
+            RenewalStep::Wait(due) => return Some(on_grid(due, coalescing(ttl))),
             RenewalStep::Renew {
                 ttl: renewal_ttl,
                 cutoff,

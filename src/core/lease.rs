@@ -158,6 +158,15 @@ pub(crate) fn release_verdict(
     }
 }
 
+/// How much renewals of a lease of `lease` may move so that the wake-ups of many renewal
+/// threads coalesce: a thirtieth of the lease, from 50 µs to 15 ms. A renewal is due that
+/// much early ([`LeaseClock::renewal_wait`]); its thread's timers may fire that much late.
+/// With a thread per lock, waking is most of renewal's cost; wake-ups that fall on the
+/// same instants, and timers the kernel may merge, cost much less.
+pub(crate) fn coalescing(lease: Duration) -> Duration {
+    (lease / 30).clamp(Duration::from_micros(50), Duration::from_millis(15))
+}
+
 /// What a renewal of the lease should do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RenewalStep {
@@ -429,13 +438,27 @@ impl LeaseClock {
         }
     }
 
+    /// `Some(due)` while the next renewal is not yet due at `now`, `None` once it is. A
+    /// renewal is due up to [`coalescing`] of the lease early: a renewal thread that wakes a
+    /// little before it (its wake-ups are rounded to coalesce with other threads') renews
+    /// then rather than sleeping again.
+    pub fn renewal_wait(&self, now: Instant) -> Option<Instant> {
+        let due = self.next_renewal();
+        (due > now + self.renewal_early()).then_some(due)
+    }
+
+    /// How early before [`next_renewal`](Self::next_renewal) a renewal may go: the
+    /// [`coalescing`] of the current lease.
+    pub fn renewal_early(&self) -> Duration {
+        coalescing(self.effective_lease())
+    }
+
     /// What the renewal should do at `now`.
     pub fn renewal_step(&self, now: Instant) -> RenewalStep {
         if now >= self.deadline {
             return RenewalStep::Expired;
         }
-        let due = self.next_renewal();
-        if due > now {
+        if let Some(due) = self.renewal_wait(now) {
             return RenewalStep::Wait(due);
         }
         RenewalStep::Renew {
@@ -490,6 +513,31 @@ mod tests {
         assert!(clock.is_held(t0 + 9 * S));
         assert!(!clock.is_held(t0 + 10 * S - 102 * MS));
         assert_eq!(clock.next_renewal(), t0 + 10 * S / 3);
+    }
+
+    #[test]
+    fn a_renewal_is_due_up_to_a_thirtieth_of_the_lease_early_and_no_more() {
+        let t0 = Instant::now();
+        // 3 s lease: a thirtieth is 100 ms, past the 15 ms cap.
+        let clock = LeaseClock::new(3 * S, 3 * S, t0);
+        let due = t0 + S;
+        assert_eq!(clock.renewal_early(), 15 * MS);
+        assert_eq!(clock.renewal_wait(due - 16 * MS), Some(due));
+        assert!(matches!(
+            clock.renewal_step(due - 16 * MS),
+            RenewalStep::Wait(_)
+        ));
+        assert_eq!(clock.renewal_wait(due - 15 * MS), None);
+        assert!(matches!(
+            clock.renewal_step(due - 15 * MS),
+            RenewalStep::Renew { .. }
+        ));
+        // 300 ms lease (a granted one, say): 10 ms.
+        let short = LeaseClock::new(30 * S, 300 * MS, t0);
+        let due = t0 + 100 * MS;
+        assert_eq!(short.renewal_early(), 10 * MS);
+        assert_eq!(short.renewal_wait(due - 11 * MS), Some(due));
+        assert_eq!(short.renewal_wait(due - 10 * MS), None);
     }
 
     #[test]

@@ -159,6 +159,12 @@ impl Lease {
         self.state().clock.next_renewal()
     }
 
+    /// When the next renewal is due, while it is not yet at `now` (see
+    /// [`LeaseClock::renewal_wait`](crate::core::lease::LeaseClock::renewal_wait)).
+    pub fn renewal_wait(&self, now: Instant) -> Option<Instant> {
+        self.state().clock.renewal_wait(now)
+    }
+
     /// What the renewal should do at `now`.
     pub fn renewal_step(&self, now: Instant) -> RenewalStep {
         self.state().clock.renewal_step(now)

@@ -1360,7 +1360,26 @@ impl World {
 
     fn schedule_renewal(&mut self, client: usize, lease: LeaseId) {
         let due = self.clients[client].leases[lease].clock.next_renewal();
-        let at = self.virtual_at(client, due);
+        self.wake_for_renewal(client, lease, due);
+    }
+
+    /// Wakes a lease's renewal for `due`, as its thread would: on time, or early by up to
+    /// the coalescing of its wake-ups (rounded to a grid, the thread may come a little
+    /// before the renewal is due, and then renews rather than sleeping again).
+    fn wake_for_renewal(&mut self, client: usize, lease: LeaseId, due: Instant) {
+        let early_ns = self.clients[client].leases[lease]
+            .clock
+            .renewal_early()
+            .as_nanos() as u64;
+        let early = match self.rng.u32(0..3) {
+            0 => 0,
+            1 => early_ns,
+            _ => self.rng.u64(0..=early_ns),
+        };
+        let at = self.virtual_at(
+            client,
+            due.checked_sub(Duration::from_nanos(early)).unwrap_or(due),
+        );
         self.at(at, WorldEvent::Renew { client, lease });
     }
 
@@ -1374,10 +1393,7 @@ impl World {
             return;
         }
         match l.clock.renewal_step(now) {
-            RenewalStep::Wait(due) => {
-                let at = self.virtual_at(client, due);
-                self.at(at, WorldEvent::Renew { client, lease });
-            }
+            RenewalStep::Wait(due) => self.wake_for_renewal(client, lease, due),
             RenewalStep::Expired => {
                 // A renewal still queued behind a slow batch must not hold up the loss.
                 self.take_back(client, lease);
