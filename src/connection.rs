@@ -8,8 +8,8 @@
 //! every wait bounded by a deadline and resumed with the time left when a signal interrupts
 //! it. A wait that something may cancel, or a TLS connection's, is a `poll(2)`; a plain
 //! socket's wait for a reply that nothing but its deadline ends is the read itself, blocking
-//! under a receive timeout (`SO_RCVTIMEO`) that ends it before the deadline: one system
-//! call per reply, not two. Every other read and write of a socket does not block
+//! under a short receive timeout (`SO_RCVTIMEO`) while the deadline is far, then a `poll`
+//! for the rest: one system call per reply, not two, when the reply comes in time. Every other read and write of a socket does not block
 //! (`MSG_DONTWAIT`), and no write raises `SIGPIPE` (`MSG_NOSIGNAL`: a C program linking the
 //! library need not ignore it). The redis crate still packs the commands and parses the
 //! replies.
@@ -45,9 +45,17 @@ use crate::url::{Addr, Login, Tls};
 /// pop's own (`-MOVED`). Should one not, the reply's deadline still ends the wait.
 pub(crate) const QUIET_BYTES: libc::c_int = 27;
 
-/// How much earlier than its deadline a blocking read's receive timeout ends it: the
-/// kernel counts that timeout in scheduler ticks (down to 100 per second), rounded up, and
-/// may fire it one tick late. What is left after it ends is waited for with `poll`.
+/// The receive timeout (`SO_RCVTIMEO`) of a read that blocks: the read returns when it
+/// ends, and blocks again while the deadline is far. The kernel keeps that timeout on its
+/// tick-based timer wheel, which fires a timeout of 64 ticks or more up to an eighth of it
+/// late (hundreds of milliseconds for seconds); 50 ms is under 64 ticks at every tick rate
+/// from 100 to 1,000 per second, where it fires at most about two ticks late. One wake-up
+/// per 50 ms, and only while a reply is late.
+const RECV_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// How much time before its deadline a read stops blocking under [`RECV_TIMEOUT`] (which
+/// may end two ticks late, 20 ms at 100 ticks per second): the rest is waited for with
+/// `poll`, whose timer is precise.
 const RECV_TIMEOUT_MARGIN: Duration = Duration::from_millis(25);
 
 /// Sets the socket's low-water mark (`SO_RCVLOWAT`): `poll` reports it readable once this
@@ -209,7 +217,7 @@ impl Connector {
             addr: self.addr.clone(),
             scripts: Vec::new(),
             quiet: None,
-            recv_timeout: None,
+            recv_timeout: false,
         };
         self.log_in(&mut conn, deadline)?;
         Ok(conn)
@@ -545,8 +553,8 @@ pub(crate) struct Connection {
     /// Until when a reader is not woken for fewer than [`QUIET_BYTES`] unread (see
     /// [`Connection::quiet_until`]).
     quiet: Option<Instant>,
-    /// The plain socket's receive timeout, when one was set.
-    recv_timeout: Option<Duration>,
+    /// Whether the plain socket's receive timeout was set to [`RECV_TIMEOUT`].
+    recv_timeout: bool,
 }
 
 /// Reads from the connection for the parser, waiting until `deadline` and resuming after
@@ -557,8 +565,8 @@ struct DeadlineReader<'a> {
     watch: &'a Watch,
     /// The connection's [`Connection::quiet_until`], ended by the first bytes read.
     quiet: &'a mut Option<Instant>,
-    /// The plain socket's receive timeout, when one was set.
-    recv_timeout: &'a mut Option<Duration>,
+    /// Whether the plain socket's receive timeout was set to [`RECV_TIMEOUT`].
+    recv_timeout: &'a mut bool,
     /// Why the last read failed, when it was a timeout or a cancellation (the parser
     /// wraps the I/O error and loses its kind).
     ended: Option<ErrorKind>,
@@ -618,37 +626,32 @@ impl Read for DeadlineReader<'_> {
 }
 
 impl DeadlineReader<'_> {
-    /// Waits for bytes in the read itself, blocking under a receive timeout that ends
-    /// [`RECV_TIMEOUT_MARGIN`] before the deadline: a plain socket, with more than twice
-    /// that left. The timeout is set again only when it would end past that point, or
-    /// before half the time left (the same few timeouts serve request after request).
-    /// `None` when not taken or when the timeout ended the read (the caller polls for the
-    /// rest), else the read's outcome; resumes after signals.
+    /// Waits for bytes in the read itself, blocking under the socket's [`RECV_TIMEOUT`]
+    /// (set once per connection) for as long as more than that and [`RECV_TIMEOUT_MARGIN`]
+    /// are left before the deadline: a plain socket only. `None` when not taken, or when
+    /// the time left is too short to block again (the caller polls for the rest), else the
+    /// read's outcome; resumes after signals.
     fn blocking_read(&mut self, buf: &mut [u8]) -> Option<io::Result<usize>> {
         let Io::Plain(socket) = &*self.io else {
             return None;
         };
         loop {
             let left = self.deadline.saturating_duration_since(Instant::now());
-            if left <= 2 * RECV_TIMEOUT_MARGIN {
+            if left <= RECV_TIMEOUT + RECV_TIMEOUT_MARGIN {
                 return None;
             }
-            let longest = left - RECV_TIMEOUT_MARGIN;
-            let timeout = match *self.recv_timeout {
-                Some(t) if t <= longest && t >= longest / 2 => t,
-                _ => {
-                    *self.recv_timeout = None;
-                    if !set_recv_timeout(socket.as_raw_fd(), longest) {
-                        return None;
-                    }
-                    longest
+            if !*self.recv_timeout {
+                if !set_recv_timeout(socket.as_raw_fd(), RECV_TIMEOUT) {
+                    return None;
                 }
-            };
-            *self.recv_timeout = Some(timeout);
+                *self.recv_timeout = true;
+            }
             match recv(socket, buf, 0) {
                 Ok(n) => return Some(Ok(n)),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                // A signal, or the receive timeout: block again while the deadline is far.
+                Err(e)
+                    if e.kind() == io::ErrorKind::Interrupted
+                        || e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Some(Err(e)),
             }
         }
@@ -887,6 +890,42 @@ mod tests {
             // Not a timing test: only that the wait ends (the bound is the deadline).
             assert!(now < deadline + Duration::from_secs(5), "{wait:?}");
         }
+    }
+
+    /// The socket's receive timeout, as the kernel keeps it.
+    fn recv_timeout_of(conn: &Connection) -> Duration {
+        let mut tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        };
+        let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into a local timeval.
+        let rc = unsafe {
+            libc::getsockopt(
+                conn.io.fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&mut tv as *mut libc::timeval).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        Duration::new(tv.tv_sec as u64, tv.tv_usec as u32 * 1000)
+    }
+
+    #[test]
+    fn a_long_wait_never_hands_the_kernel_a_receive_timeout_it_would_fire_late() {
+        // The kernel fires a receive timeout of 64 ticks or more up to an eighth of it
+        // late (about 150 ms for a 3 s wait at 250 ticks per second): a wait of seconds
+        // must block in short timeouts, whatever its deadline.
+        let (mut conn, _peer) = silent_peer();
+        let deadline = Instant::now() + Duration::from_millis(700);
+        conn.send(b"*1\r\n$4\r\nPING\r\n", 1, deadline).unwrap();
+        let err = conn.recv(deadline, &Watch::none()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+        let timeout = recv_timeout_of(&conn);
+        assert!(!timeout.is_zero(), "the wait did not block in the read");
+        assert!(timeout <= Duration::from_millis(60), "{timeout:?}");
     }
 
     #[test]
