@@ -611,8 +611,16 @@ impl AcquireMachine {
     /// block has a conservative deadline well short of its real lease. With renewal on,
     /// renewal does it at once, off the caller's path, as long as a third of the lease is
     /// left; a fixed lease must get the ttl its caller asked for.
+    ///
+    /// A waiter that learns of its grant only once the grant's lease has run out gives it
+    /// back instead: an attempt of its token (a copy held in the network, sent before a lost
+    /// reply) may have taken the key again since, with a fencing token drawn after another
+    /// holder's, and an extend that finds the token cannot tell that hold from the grant's.
     fn settle(&mut self, granted: Granted, last: bool, now: Instant) -> Action {
         let remaining = left_of(&granted, now);
+        if remaining.is_zero() && self.spec.wait.waits() {
+            return self.give_back(AfterGiveBack::TryAgain { last }, false, false, now);
+        }
         let ttl = self.spec.ttl;
         if remaining >= ttl * 2 / 3 || (self.spec.renew && remaining >= granted.lease / 3) {
             return self.done(granted, None);
@@ -1283,6 +1291,40 @@ mod tests {
             "an attempt under a token whose give-back may still land"
         );
         assert!(p.lead, "the fresh token registers afresh");
+    }
+
+    /// A waiter that learns of its grant only after the grant's lease ran out (the reply
+    /// of its block held in the network) gives it back rather than extending it: the key
+    /// may hold its token again through a late copy of an earlier attempt, which drew a
+    /// fencing token after another holder's, and the grant's would go backwards.
+    #[test]
+    fn a_grant_learned_after_its_lease_ran_out_is_given_back_not_extended() {
+        let t0 = Instant::now();
+        let ttl = 100 * MS;
+        let mut m = machine(Wait::Until(t0 + 10 * S), true, true, ttl, t0);
+        plan(m.step(Event::Start, t0, false));
+        let sent = t0 + 10 * MS;
+        // The grant's lease (50 ms from the write) is over when its reply is read.
+        let late = sent + 60 * MS;
+        let give_back = m.step(answer(granted(50 * MS), sent), late, false);
+        assert!(
+            matches!(&give_back, Action::GiveBack { token, .. } if token == "t1"),
+            "{give_back:?}"
+        );
+        let next = m.step(
+            Event::GaveBack(Some(Ok(ReleaseReply::Released))),
+            late,
+            false,
+        );
+        let p = plan(next);
+        assert_ne!(p.token, "t1", "the next attempt goes under a fresh token");
+        // While some of it is left, the same grant is settled as ever.
+        let mut m = machine(Wait::Until(t0 + 10 * S), true, true, ttl, t0);
+        plan(m.step(Event::Start, t0, false));
+        match m.step(answer(granted(50 * MS), sent), sent + 20 * MS, false) {
+            Action::Done(Ok(_)) | Action::Extend { .. } => {}
+            other => panic!("{other:?}"),
+        }
     }
 
     /// The Redlock case of the protocol-core issue: a deployment that cannot block may hold
