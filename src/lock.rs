@@ -337,7 +337,10 @@ impl<'a> LockBuilder<'a> {
         // the lock's).
         let token = match reentered {
             Some(lock_token) => {
-                if let Some(held) = registry.as_ref().and_then(|r| r.join(&lock_token)) {
+                if let Some(held) = registry
+                    .as_ref()
+                    .and_then(|r| r.join(&lock_token, granted.fencing_token))
+                {
                     // One more hold of a lease this process holds: it takes this
                     // acquire's lease, callback and renewal wish.
                     held.lease.reentered(ttl, granted.lease, granted.sent_at);

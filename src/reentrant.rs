@@ -80,12 +80,20 @@ impl Registry {
 
     /// The lock with `token` as held here, with one more guard; `None` when this process
     /// does not hold it (any more), or its lease here is over (lost, or its local deadline
-    /// passed): the new hold then gets a lease of its own, from what the server just set.
-    pub fn join(&self, token: &str) -> Option<Arc<Held>> {
+    /// passed), or the re-entry was into another acquisition under the same token
+    /// (`fencing_token`, the one the server's holds name, differs: an acquire whose reply
+    /// was lost took the token again after the lock expired, so the hold the re-entry
+    /// made went with the old one): the new hold then gets a lease of its own, from what
+    /// the server just set.
+    pub fn join(&self, token: &str, fencing_token: u64) -> Option<Arc<Held>> {
         let map = self.map();
         let held = map.get(token)?.upgrade()?;
         let mut guards = held.guards();
-        if *guards == 0 || held.lease.gate_closed() || !held.lease.is_held() {
+        if *guards == 0
+            || held.lease.fencing_token != fencing_token
+            || held.lease.gate_closed()
+            || !held.lease.is_held()
+        {
             return None;
         }
         *guards += 1;

@@ -503,14 +503,19 @@ impl AcquireMachine {
                 fencing_token,
                 lease,
                 lock_token,
-            } => self.done(
-                Granted {
+            } => {
+                let granted = Granted {
                     fencing_token,
                     lease,
                     sent_at,
-                },
-                Some(lock_token),
-            ),
+                };
+                if left_of(&granted, now).is_zero() && self.spec.wait.waits() {
+                    // The acquisition it joined may be over: its owner may hold the token
+                    // again in another one, without this hold (see `settle`).
+                    return self.give_back(AfterGiveBack::TryAgain { last }, false, false, now);
+                }
+                self.done(granted, Some(lock_token))
+            }
             AttemptReply::Granted {
                 fencing_token,
                 lease,
@@ -1323,6 +1328,33 @@ mod tests {
         plan(m.step(Event::Start, t0, false));
         match m.step(answer(granted(50 * MS), sent), sent + 20 * MS, false) {
             Action::Done(Ok(_)) | Action::Extend { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The same for a re-entry of a reentrant lock: one whose reply comes after the lease
+    /// it reports ran out may have joined an acquisition that is over, while its owner
+    /// holds the same token again in a newer one, without this hold.
+    #[test]
+    fn a_reentry_learned_after_its_lease_ran_out_is_given_back() {
+        let t0 = Instant::now();
+        let mut m = machine(Wait::Until(t0 + 10 * S), true, true, 100 * MS, t0);
+        plan(m.step(Event::Start, t0, false));
+        let sent = t0 + 10 * MS;
+        let reentered = AttemptReply::Reentered {
+            fencing_token: 9,
+            lease: 50 * MS,
+            lock_token: "first".into(),
+        };
+        let give_back = m.step(answer(reentered.clone(), sent), sent + 60 * MS, false);
+        assert!(
+            matches!(&give_back, Action::GiveBack { token, .. } if token == "t1"),
+            "{give_back:?}"
+        );
+        let mut m = machine(Wait::Until(t0 + 10 * S), true, true, 100 * MS, t0);
+        plan(m.step(Event::Start, t0, false));
+        match m.step(answer(reentered, sent), sent + 20 * MS, false) {
+            Action::Done(Ok(_)) => {}
             other => panic!("{other:?}"),
         }
     }

@@ -1079,7 +1079,8 @@ impl World {
     }
 
     /// A re-entry: the new hold joins the lease this client holds under `lock_token` if it
-    /// is still held here; `None` otherwise (the hold gets a lease of its own).
+    /// is still held here, and is the acquisition the re-entry joined on the server (the
+    /// same fencing token); `None` otherwise (the hold gets a lease of its own).
     fn join(
         &mut self,
         client: usize,
@@ -1090,7 +1091,11 @@ impl World {
     ) -> Option<LeaseId> {
         let now = self.local(client);
         let id = self.clients[client].leases.iter().position(|l| {
-            l.name == acq.name && l.token == lock_token && !l.gate_closed && l.believed(now)
+            l.name == acq.name
+                && l.token == lock_token
+                && l.fencing == granted.fencing_token
+                && !l.gate_closed
+                && l.believed(now)
         })?;
         let start_renewal = {
             let lease = &mut self.clients[client].leases[id];
