@@ -653,7 +653,11 @@ impl AcquireMachine {
                     lease: self.spec.ttl,
                     ..granted
                 };
-                if left_of(&extended, now) > Duration::ZERO {
+                // Read after the grant's own lease ran out, the extend may have found the
+                // token through a late copy of an earlier attempt (see `settle`): a waiter
+                // gives it back. Read before, it ran while the grant still held the key.
+                let grant_over = left_of(&granted, now).is_zero() && self.spec.wait.waits();
+                if !grant_over && left_of(&extended, now) > Duration::ZERO {
                     self.done(extended, None)
                 } else {
                     // The extend's reply came too late to be of use: give it back.
@@ -1328,6 +1332,45 @@ mod tests {
         plan(m.step(Event::Start, t0, false));
         match m.step(answer(granted(50 * MS), sent), sent + 20 * MS, false) {
             Action::Done(Ok(_)) | Action::Extend { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The same when the settling extend's reply, not the grant's, comes after the grant's
+    /// lease ran out: the extend may have run after the key lapsed and was taken again by
+    /// a late copy of the token's earlier attempt (found by an attacker, with a real server
+    /// and the fault proxy).
+    #[test]
+    fn a_settling_extend_answered_after_the_grants_lease_ran_out_is_given_back() {
+        let t0 = Instant::now();
+        let ttl = 3 * S;
+        let mut m = machine(Wait::Until(t0 + 30 * S), true, false, ttl, t0);
+        plan(m.step(Event::Start, t0, false));
+        // Taken, its reply read 1.2 s late: a fixed lease is extended first.
+        let read = t0 + 1200 * MS;
+        let extend = m.step(answer(granted(ttl), t0), read, false);
+        assert!(matches!(extend, Action::Extend { .. }), "{extend:?}");
+        // The extend's reply is read 2.6 s later, after the grant's lease (3 s from t0)
+        // ran out, though within the lease the extend set.
+        let give_back = m.step(
+            Event::Extended(Ok((ExtendReply::Extended, read))),
+            read + 2600 * MS,
+            false,
+        );
+        assert!(
+            matches!(&give_back, Action::GiveBack { token, .. } if token == "t1"),
+            "{give_back:?}"
+        );
+        // Read while the grant's lease lasts, it settles the acquire.
+        let mut m = machine(Wait::Until(t0 + 30 * S), true, false, ttl, t0);
+        plan(m.step(Event::Start, t0, false));
+        m.step(answer(granted(ttl), t0), read, false);
+        match m.step(
+            Event::Extended(Ok((ExtendReply::Extended, read))),
+            read + 500 * MS,
+            false,
+        ) {
+            Action::Done(Ok(_)) => {}
             other => panic!("{other:?}"),
         }
     }
