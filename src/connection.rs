@@ -9,10 +9,10 @@
 //! it. A wait that something may cancel, or a TLS connection's, is a `poll(2)`; a plain
 //! socket's wait for a reply that nothing but its deadline ends is the read itself, blocking
 //! under a short receive timeout (`SO_RCVTIMEO`) while the deadline is far, then a `poll`
-//! for the rest: one system call per reply, not two, when the reply comes in time. Every other read and write of a socket does not block
-//! (`MSG_DONTWAIT`), and no write raises `SIGPIPE` (`MSG_NOSIGNAL`: a C program linking the
-//! library need not ignore it). The redis crate still packs the commands and parses the
-//! replies.
+//! for the rest: one system call per reply, not two, when the reply comes in time. Every
+//! other read and write of a socket does not block (`MSG_DONTWAIT`), and no write raises
+//! `SIGPIPE` (`MSG_NOSIGNAL`: a C program linking the library need not ignore it). The
+//! redis crate still packs the commands and parses the replies.
 //!
 //! Bounds: a connection is made (DNS, TCP, TLS, `AUTH`, `SELECT`) within one deadline; a
 //! request is written within its deadline; each reply is awaited until its deadline. Any
