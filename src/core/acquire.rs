@@ -509,7 +509,7 @@ impl AcquireMachine {
                     lease,
                     sent_at,
                 };
-                if left_of(&granted, now).is_zero() && self.spec.wait.waits() {
+                if self.grant_lapsed(&granted, now) {
                     // The acquisition it joined may be over: its owner may hold the token
                     // again in another one, without this hold (see `settle`).
                     return self.give_back(AfterGiveBack::TryAgain { last }, false, false, now);
@@ -601,6 +601,14 @@ impl AcquireMachine {
         self.give_up(e, false, now)
     }
 
+    /// Whether a waiter learns of `granted` only after its lease ran out, by `now`: an
+    /// attempt of its token held in the network may have taken the key since (see
+    /// [`Self::settle`]), so the waiter must give the grant back. A single attempt sends no
+    /// earlier attempt under its token, so nothing of its own can have retaken the key.
+    fn grant_lapsed(&self, granted: &Granted, now: Instant) -> bool {
+        self.spec.wait.waits() && left_of(granted, now).is_zero()
+    }
+
     /// Pauses a little after a failure, then tries again with a plain attempt.
     fn recover(&mut self, now: Instant) -> Action {
         let left = self.spec.wait.left(now).unwrap_or(RECOVERY_PAUSE);
@@ -622,10 +630,10 @@ impl AcquireMachine {
     /// reply) may have taken the key again since, with a fencing token drawn after another
     /// holder's, and an extend that finds the token cannot tell that hold from the grant's.
     fn settle(&mut self, granted: Granted, last: bool, now: Instant) -> Action {
-        let remaining = left_of(&granted, now);
-        if remaining.is_zero() && self.spec.wait.waits() {
+        if self.grant_lapsed(&granted, now) {
             return self.give_back(AfterGiveBack::TryAgain { last }, false, false, now);
         }
+        let remaining = left_of(&granted, now);
         let ttl = self.spec.ttl;
         if remaining >= ttl * 2 / 3 || (self.spec.renew && remaining >= granted.lease / 3) {
             return self.done(granted, None);
@@ -656,8 +664,7 @@ impl AcquireMachine {
                 // Read after the grant's own lease ran out, the extend may have found the
                 // token through a late copy of an earlier attempt (see `settle`): a waiter
                 // gives it back. Read before, it ran while the grant still held the key.
-                let grant_over = left_of(&granted, now).is_zero() && self.spec.wait.waits();
-                if !grant_over && left_of(&extended, now) > Duration::ZERO {
+                if !self.grant_lapsed(&granted, now) && left_of(&extended, now) > Duration::ZERO {
                     self.done(extended, None)
                 } else {
                     // The extend's reply came too late to be of use: give it back.
