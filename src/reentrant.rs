@@ -108,3 +108,51 @@ impl Registry {
         map.insert(held.lease.token.clone(), Arc::downgrade(held));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::client::Client;
+    use crate::core::lease::LeaseClock;
+    use crate::keys::LockKeys;
+    use crate::kinds::Kind;
+
+    /// A reentrant lock held here under `token` with `fencing_token`, on `registry`, with a
+    /// lease of ten minutes. The client connects to nothing: a lease does no I/O until it
+    /// is extended or released, and neither happens here.
+    fn held(registry: &Arc<Registry>, token: &str, fencing_token: u64) -> Arc<Held> {
+        let client = Client::open("redis://127.0.0.1:1/0").expect("a valid URL");
+        let ttl = Duration::from_secs(600);
+        let lease = Lease::new(
+            client.inner.server.clone(),
+            LockKeys::new("registry:", "lock").expect("a valid lock name"),
+            token.to_owned(),
+            fencing_token,
+            Kind::Reentrant("owner".into()),
+            None,
+            LeaseClock::new(ttl, ttl, Instant::now()),
+            None,
+        );
+        let held = Held::new(Arc::new(lease), Some(Arc::clone(registry)));
+        registry.insert(&held);
+        held
+    }
+
+    #[test]
+    fn a_reentry_joins_only_the_acquisition_its_fencing_token_names() {
+        let registry = Arc::new(Registry::default());
+        let first = held(&registry, "A", 7);
+        // The same token taken again after the key expired: the server drew 8, and the
+        // holds hash of 7 went with the key. A re-entry answered with 7 made its hold in
+        // that old hash, so it must not share the lease of 8.
+        let second = held(&registry, "A", 8);
+        assert!(registry.join("A", 7).is_none());
+        let joined = registry.join("A", 8).expect("a re-entry into 8 joins it");
+        assert!(Arc::ptr_eq(&joined, &second));
+        assert!(!joined.leave(), "the first guard of 8 still holds it");
+        assert!(registry.join("B", 8).is_none(), "another token joins nothing");
+        drop(first);
+    }
+}
