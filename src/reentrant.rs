@@ -152,7 +152,10 @@ mod tests {
         let joined = registry.join("A", 8).expect("a re-entry into 8 joins it");
         assert!(Arc::ptr_eq(&joined, &second));
         assert!(!joined.leave(), "the first guard of 8 still holds it");
-        assert!(registry.join("B", 8).is_none(), "another token joins nothing");
+        assert!(
+            registry.join("B", 8).is_none(),
+            "another token joins nothing"
+        );
         drop(first);
     }
 }

@@ -3,15 +3,17 @@
 //! machine's drift hits them alike; then, likewise, the floor, the Rust API and Redlock over
 //! 3 and 5 independent primaries, each beside its N-node floor (both commands written to
 //! every member before any reply is read). Python runs in a process of its own, with the floor
-//! measured right before and after it.
+//! measured right before and after it. For the single-server variants it also gives the CPU
+//! per cycle of the server and of this process, which tells what the protocol costs the
+//! server from what the client adds.
 
 use std::ffi::CString;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redlease::{Client, ClientOptions};
 
 use crate::report::{Json, Spread, median};
-use crate::{Bench, TAG, python, support, timed_loop};
+use crate::{Bench, TAG, cpu_seconds, python, support, timed_loop};
 
 pub(crate) const RELEASE_LUA: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
@@ -130,6 +132,10 @@ struct Variant {
     ratios: Vec<f64>,
     /// As `ratios`, to the Rust API on one server (for Redlock).
     to_single: Vec<f64>,
+    /// Per rep: CPU µs per cycle of the benchmark's server and of this process, over all
+    /// the rep's slices (single-server variants only).
+    server_cpu: Vec<f64>,
+    client_cpu: Vec<f64>,
 }
 
 pub(crate) fn run(bench: &Bench) {
@@ -177,9 +183,9 @@ pub(crate) fn run(bench: &Bench) {
     }
     let slices = (bench.cfg.duration.as_millis() / SLICE.as_millis()).max(1) as usize;
     bench.reset_stats();
-    measure(&mut variants, bench.cfg.reps, slices);
+    measure(&mut variants, bench.cfg.reps, slices, Some(bench));
     if redlock_variants.len() > 2 {
-        measure(&mut redlock_variants, bench.cfg.reps, slices);
+        measure(&mut redlock_variants, bench.cfg.reps, slices, None);
         variants.extend(redlock_variants.drain(2..));
     }
     let script_loads = bench.calls(&["script|load"]);
@@ -191,6 +197,17 @@ pub(crate) fn run(bench: &Bench) {
         json = json.spread(&format!("{}_cycle_us", v.name), Spread::of(&v.reps));
         if v.name != "floor" {
             json = json.spread(&format!("{}_ratio_to_floor", v.name), Spread::of(&v.ratios));
+        }
+        if !v.server_cpu.is_empty() {
+            json = json
+                .spread(
+                    &format!("{}_server_cpu_us_per_cycle", v.name),
+                    Spread::of(&v.server_cpu),
+                )
+                .spread(
+                    &format!("{}_client_cpu_us_per_cycle", v.name),
+                    Spread::of(&v.client_cpu),
+                );
         }
         if let Some(n) = v.name.strip_prefix("redlock_") {
             json = json.spread(
@@ -221,16 +238,36 @@ pub(crate) fn run(bench: &Bench) {
 /// Runs `reps` rounds of `slices` slices per variant, alternating variants slice by slice so
 /// that the machine's drift hits all alike, and records each rep's figures: the median
 /// cycle time, and the median slice-by-slice ratio to variant 0 (the floor) and to variant 1
-/// (the Rust API on one server).
-fn measure(variants: &mut [Variant], reps: usize, slices: usize) {
+/// (the Rust API on one server). With `server` (the variants' one server), also the CPU
+/// per cycle of that server and of this process, which tells the protocol's cost on the
+/// server from the client's.
+fn measure(variants: &mut [Variant], reps: usize, slices: usize, server: Option<&Bench>) {
     for _ in 0..reps {
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+        // Per variant: cycles, server CPU s and client CPU s, summed over the slices.
+        let mut cpu = vec![(0.0, 0.0, 0.0); variants.len()];
         for _ in 0..slices {
             for (i, v) in variants.iter_mut().enumerate() {
-                times[i].push(timed_loop(SLICE, &mut v.cycle));
+                let server_before = server.map(Bench::server_cpu);
+                let (client_before, started) = (cpu_seconds(), Instant::now());
+                let cycle_us = timed_loop(SLICE, &mut v.cycle);
+                let client = cpu_seconds() - client_before;
+                if let Some((bench, before)) = server.zip(server_before) {
+                    // Its warm-up cycles included, at about the same pace.
+                    let cycles = started.elapsed().as_secs_f64() * 1e6 / cycle_us;
+                    cpu[i].0 += cycles;
+                    cpu[i].1 += bench.server_cpu() - before;
+                    cpu[i].2 += client;
+                }
+                times[i].push(cycle_us);
             }
         }
         for (i, v) in variants.iter_mut().enumerate() {
+            let (cycles, server_s, client_s) = cpu[i];
+            if cycles > 0.0 {
+                v.server_cpu.push(server_s * 1e6 / cycles);
+                v.client_cpu.push(client_s * 1e6 / cycles);
+            }
             let ratio = |base: usize| -> f64 {
                 let r: Vec<f64> = times[i]
                     .iter()
@@ -254,6 +291,8 @@ impl Variant {
             reps: Vec::new(),
             ratios: Vec::new(),
             to_single: Vec::new(),
+            server_cpu: Vec::new(),
+            client_cpu: Vec::new(),
         }
     }
 }
