@@ -356,6 +356,33 @@ impl<'a> LockBuilder<'a> {
                     drop(renewal);
                     return Ok(guard);
                 }
+                if lease_clock::local_deadline(granted.sent_at, granted.lease) <= Instant::now() {
+                    // Answered after the lease it set ran out: nothing this client can rely
+                    // on. Its own hold is given back (the hold's token names it alone), and
+                    // the acquire fails as a grant confirmed too late does.
+                    let lease = Lease::new(
+                        shared.server.clone(),
+                        keys,
+                        lock_token,
+                        granted.fencing_token,
+                        self.kind,
+                        replicas,
+                        LeaseClock::new(ttl, granted.lease, granted.sent_at),
+                        None,
+                    );
+                    let name = self.name;
+                    let late = LockGuard::start(lease, false, hold, None)?;
+                    if let Err(e) = late.release() {
+                        log::debug!("giving back a late re-entry of lock {name:?}: {e}");
+                    }
+                    return Err(Error::new(
+                        ErrorKind::Busy,
+                        format!(
+                            "lock {name:?} was re-entered, but the reply came after the lease it \
+                             set ran out; the hold was given back, nothing is held"
+                        ),
+                    ));
+                }
                 lock_token
             }
             None => hold.clone(),

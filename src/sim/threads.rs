@@ -13,7 +13,8 @@
 //!   gate one at a time; the last hold's release closes the gate (waiting for the one in
 //!   flight) and decides whether the lease was broken before it sends the release.
 //! - A re-entry joins the lease its owner holds on this client when it is still held
-//!   there, as the runtime's registry does; otherwise it gets a lease of its own.
+//!   there, as the runtime's registry does; otherwise it gets a lease of its own, or, when
+//!   it was answered after that lease ran out, gives its hold back at once and fails.
 
 use std::time::{Duration, Instant};
 
@@ -978,6 +979,41 @@ impl World {
         let joined = reentered
             .as_deref()
             .and_then(|lock_token| self.join(client, &acq, lock_token, &granted, &token));
+        if let (None, Some(lock_token)) = (joined, &reentered) {
+            if lease_clock::local_deadline(granted.sent_at, granted.lease) <= now {
+                // As the runtime does: a re-entry answered after its lease ran out gives
+                // its hold back at once (a lease of its own, never renewed, released now)
+                // and the acquire fails.
+                let lease = self.add_lease(
+                    client,
+                    NewLease {
+                        name: acq.name,
+                        token: lock_token.clone(),
+                        hold: token.clone(),
+                        kind: acq.kind.clone(),
+                        clock: LeaseClock::new(acq.spec.ttl, granted.lease, granted.sent_at),
+                        fencing: granted.fencing_token,
+                        renew: false,
+                        granted_at: acq.granted_at.unwrap_or(self.now),
+                        replicas: acq.replicas,
+                    },
+                );
+                self.trace.line(self.now, || {
+                    format!(
+                        "c{client}/t{task} re-entry of {:?} answered after its lease: given back",
+                        acq.spec.key
+                    )
+                });
+                *self.op(client, task) = Op::Holding(Holding {
+                    lease,
+                    hold: token,
+                    extend: None,
+                    checked: false,
+                    rest: Vec::new(),
+                });
+                return self.at(self.now, WorldEvent::Wake { client, task });
+            }
+        }
         let lease = match joined {
             Some(lease) => lease,
             None => self.new_lease(

@@ -1024,3 +1024,51 @@ fn reentrant_guards_extending_and_releasing_from_two_threads_stay_consistent() {
     assert_ne!(next.token(), token);
     next.release().unwrap();
 }
+
+/// A re-entry whose reply comes back only after the lease it set has run out holds
+/// nothing this client can rely on: the acquire gives its hold back and fails as busy, as
+/// a grant confirmed too late does. (It used to return `Ok` with a guard that was never
+/// held.) The owner's first hold, renewed by another client, is untouched.
+#[test]
+fn a_reentry_answered_after_its_lease_ran_out_is_given_back_and_fails() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let owner = "owner-of-a-late-reentry";
+    let ttl = Duration::from_millis(300);
+    let first = client(&server.url())
+        .lock("late-reentry")
+        .reentrant_as(owner)
+        .ttl(ttl)
+        .try_acquire()
+        .unwrap();
+    let late = client(&proxy.url());
+    // Load the scripts while replies are on time.
+    late.lock("warm-up")
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+    proxy.set_reply_delay(2 * ttl);
+    let reentry = late
+        .lock("late-reentry")
+        .reentrant_as(owner)
+        .ttl(ttl)
+        .try_acquire();
+    proxy.set_reply_delay(Duration::ZERO);
+    match reentry {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::Busy, "{e}"),
+        Ok(guard) => panic!(
+            "a re-entry answered after its {ttl:?} lease returned a guard (held: {})",
+            guard.is_held()
+        ),
+    }
+    let info = late.inspect("late-reentry").unwrap();
+    assert_eq!(
+        info.reentrant,
+        Some((owner.to_owned(), 1)),
+        "the late hold was given back: {info:?}"
+    );
+    assert!(first.is_held());
+    first.release().unwrap();
+    assert!(!server.cmd::<bool>(&["EXISTS", "late-reentry"]));
+}
