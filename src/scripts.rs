@@ -122,8 +122,8 @@ end
     )
 }
 
-/// `next_fence(key, estimate, read)`: the next fencing token of a lock and the reading of
-/// the server's clock it made, if any. The token is the larger of the last one plus one and
+/// `next_fence(key, estimate, read[, sent, last])`: the next fencing token of a lock and the
+/// reading of the server's clock it made, if any. The token is the larger of the last one plus one and
 /// the server's clock in microseconds (a hybrid logical clock), so tokens strictly increase
 /// on one server, and also across a loss of the counter (a restart without persistence, an
 /// expiry) or a failover to a replica that missed its last writes, as long as the new
@@ -135,17 +135,20 @@ end
 /// clock, which an estimate may lag. One write in the common case: the clock goes in and
 /// the last token comes back in the same `SET ... GET` (Redis 6.2); a second `SET` only
 /// when the clock had not passed the last token. The counter's expiry is refreshed with
-/// each token.
+/// each token. `sent`: the caller already wrote `estimate` (a positive number) to the counter
+/// that way, and `last` is what came back (see [`ACQUIRE`]'s single attempt).
 fn next_fence() -> String {
     format!(
         r"
-local function next_fence(key, estimate, read)
+local function next_fence(key, estimate, read, sent, last)
   local clock = read or estimate
-  if clock <= 0 then
-    read = now_us()
-    clock = read
+  if not sent then
+    if clock <= 0 then
+      read = now_us()
+      clock = read
+    end
+    last = redis.call('SET', key, string.format('%.0f', clock), 'PX', {FENCE_TTL_MS}, 'GET')
   end
-  local last = redis.call('SET', key, string.format('%.0f', clock), 'PX', {FENCE_TTL_MS}, 'GET')
   local after = last and tonumber(last) + 1
   if not last and not read then
     read = now_us()
@@ -162,6 +165,12 @@ end
 }
 
 /// Acquire: `SET lock token NX PX ttl`, and on success the next fencing token.
+///
+/// A mutex's single attempt (mode 0) runs first, before the script defines any helper:
+/// defining one costs the server a closure on every call, which measured about 2.5 µs of
+/// server CPU per acquire. When it takes the lock and the client's estimate of the clock
+/// passed the last token, the estimate is the token ([`next_fence`]'s common case, written
+/// out); otherwise [`next_fence`] goes on from the counter's reply.
 ///
 /// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] wake list, KEYS[4] queue, KEYS[5]
 ///   grant, KEYS[6] waiting flag, and for a reentrant lock KEYS[7] its holds (see
@@ -215,21 +224,39 @@ end
 /// waiter never takes a grant: it would jump the queue.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{NOW}{}{}",
+        "{}{NOW}{}{}",
+        format_args!(
+            r"
+-- A mutex's single attempt, the most common acquire, runs before any helper is defined (a
+-- definition costs a closure on every call). When it takes the lock with an estimate of
+-- the clock that passed the last fencing token (the common case), that is the token: the
+-- estimate goes to the counter as it came, and the last token comes back in one SET.
+local single = ARGV[4] == '0' and not ARGV[7]
+local taken, estimate, last
+if single then
+  taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+  estimate = tonumber(ARGV[3]) or 0
+  if taken and estimate > 1 then
+    last = redis.call('SET', KEYS[2], ARGV[3], 'PX', '{FENCE_TTL_MS}', 'GET')
+    if last and tonumber(last) < estimate then
+      return {{1, estimate, tonumber(ARGV[2])}}
+    end
+  end
+end
+"
+        ),
         next_fence(),
         r"
-if ARGV[4] == '0' and not ARGV[7] then
-  -- A mutex's single attempt, the most common acquire: nothing more to define.
-  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    local fence, read = 0, nil
-    if ARGV[3] ~= '1' then
-      fence, read = next_fence(KEYS[2], tonumber(ARGV[3]) or 0, nil)
-    end
-    if read then
-      return {1, fence, tonumber(ARGV[2]), read}
-    end
-    return {1, fence, tonumber(ARGV[2])}
+if taken then
+  -- The single attempt took it: the fencing token, from where it left off.
+  local fence, read = 0, nil
+  if ARGV[3] ~= '1' then
+    fence, read = next_fence(KEYS[2], estimate, nil, estimate > 1, last)
   end
+  if read then
+    return {1, fence, tonumber(ARGV[2]), read}
+  end
+  return {1, fence, tonumber(ARGV[2])}
 end
 local token = ARGV[1]
 local mode = tonumber(ARGV[4])

@@ -90,6 +90,53 @@ fn fencing_tokens_strictly_increase_per_name() {
     }
 }
 
+/// A single attempt draws its fencing token from the client's estimate of the server's
+/// clock when that passed the last token, and from the counter when it did not: a counter
+/// ahead of the clock (left by a server whose clock ran ahead, before a failover) gives
+/// the next tokens, one by one, and a lost counter gives the server's clock, read then.
+#[test]
+fn a_single_attempts_fencing_token_follows_the_counter_when_the_clock_is_behind() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let clock_us = || {
+        let time: Vec<String> = server.cmd(&["TIME"]);
+        time[0].parse::<u64>().unwrap() * 1_000_000 + time[1].parse::<u64>().unwrap()
+    };
+    let counter = "redlease:fence:{ahead}";
+    let first = client.lock("ahead").try_acquire().unwrap();
+    let token = first.fencing_token();
+    first.release().unwrap();
+    assert!(
+        token <= clock_us(),
+        "an estimate never runs ahead of the clock"
+    );
+    // An hour ahead of the clock.
+    let ahead = clock_us() + 3_600_000_000;
+    server.cmd::<()>(&["SET", counter, &ahead.to_string()]);
+    for n in 1..=3 {
+        let guard = client.lock("ahead").try_acquire().unwrap();
+        assert_eq!(guard.fencing_token(), ahead + n);
+        guard.release().unwrap();
+        let stored: String = server.cmd(&["GET", counter]);
+        assert_eq!(
+            stored,
+            (ahead + n).to_string(),
+            "the counter holds the last token"
+        );
+    }
+    // Lost: the clock, read by the script (an estimate may lag the tokens before the loss).
+    server.cmd::<()>(&["DEL", counter]);
+    let before = clock_us();
+    let guard = client.lock("ahead").try_acquire().unwrap();
+    assert!(
+        guard.fencing_token() >= before,
+        "{} < {before}",
+        guard.fencing_token()
+    );
+    assert!(guard.fencing_token() <= clock_us());
+    guard.release().unwrap();
+}
+
 /// An uncontended acquire and release cost six server commands together: the two scripts,
 /// `SET NX` and the fencing counter's `SET ... GET` in one, `MGET` (the key and the
 /// waiting flag) and `DEL` in the other. Nobody waiting, nothing about waiters is read;
