@@ -44,7 +44,10 @@ impl Acquire<'_> {
     /// the lock, [`crate::ErrorKind::Cancelled`], and the errors of the requests. On every
     /// error this caller holds nothing: what the server may hold under its token was
     /// withdrawn, or lapses within the waiter's grace or the attempt's lease.
-    pub fn run(&self) -> Result<Acquired> {
+    ///
+    /// The statistics record the acquire when the caller hands its outcome to the returned
+    /// [`Ending`] (what the caller does with a grant may still fail the acquire).
+    pub fn run(&self) -> (Result<Acquired>, Ending) {
         let bounds = self.server.bounds();
         let spec = AcquireSpec {
             key: self.keys.lock.clone(),
@@ -68,8 +71,7 @@ impl Acquire<'_> {
             event = match action {
                 Action::Done(result) => {
                     let result = result.map_err(|e| wrong_kind(e, self.kind, &self.keys.lock));
-                    stats::acquire_ended(&result, started.elapsed(), waited);
-                    return result;
+                    return (result, Ending { started, waited });
                 }
                 Action::Attempt(plan) => {
                     waited |= plan.block.is_some();
@@ -153,6 +155,21 @@ impl Acquire<'_> {
             token,
             cutoff,
         );
+    }
+}
+
+/// How an acquire ended, for the statistics.
+#[must_use = "an acquire's outcome is recorded with `record`"]
+pub(crate) struct Ending {
+    started: Instant,
+    /// It blocked or slept at least once.
+    waited: bool,
+}
+
+impl Ending {
+    /// Records `result` as the acquire's outcome.
+    pub fn record<T>(self, result: &Result<T>) {
+        stats::acquire_ended(result, self.started.elapsed(), self.waited);
     }
 }
 

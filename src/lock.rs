@@ -265,7 +265,7 @@ impl<'a> LockBuilder<'a> {
         )
     }
 
-    pub(crate) fn acquire_with(self, wait: Wait) -> Result<LockGuard> {
+    pub(crate) fn acquire_with(mut self, wait: Wait) -> Result<LockGuard> {
         let shared = self.shared;
         let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
         let keys = LockKeys::new(&shared.options.key_prefix, self.name)?;
@@ -281,11 +281,12 @@ impl<'a> LockBuilder<'a> {
                 Some(Replicas { count, timeout })
             }
         };
+        let (cancel, on_interrupt) = (self.cancel.take(), self.on_interrupt.take());
         let watch = if wait == Wait::No {
             // A single attempt: `cancel_all` ends waits only.
-            Watch::attempt(self.cancel, self.on_interrupt)
+            Watch::attempt(cancel, on_interrupt)
         } else {
-            Watch::waiting(self.cancel, self.on_interrupt)
+            Watch::waiting(cancel, on_interrupt)
         };
         if wait != Wait::No && watch.cancelled() {
             return Err(Error::new(ErrorKind::Cancelled, "the wait was cancelled"));
@@ -316,11 +317,7 @@ impl<'a> LockBuilder<'a> {
                 "min_replicas is for a single primary; a Redlock lock already waits for a majority of primaries",
             ));
         }
-        let Acquired {
-            granted,
-            token: hold,
-            reentered,
-        } = Acquire {
+        let (acquired, ending) = Acquire {
             server: &shared.server,
             keys: &keys,
             kind: &self.kind,
@@ -331,7 +328,31 @@ impl<'a> LockBuilder<'a> {
             watch,
             replicas,
         }
-        .run()?;
+        .run();
+        let result = acquired.and_then(|acquired| self.hold(keys, ttl, replicas, acquired));
+        ending.record(&result);
+        result
+    }
+
+    /// The guard of what an acquire took: a hold joined to the lease this process holds
+    /// for its acquisition (a re-entry), or a lease of its own with its renewal.
+    ///
+    /// Errors: [`ErrorKind::Busy`] for a re-entry answered after the lease it set ran out
+    /// that joins nothing held here (its hold is given back, in the background);
+    /// [`ErrorKind::Internal`] when no renewal thread can be had (the hold is released).
+    fn hold(
+        self,
+        keys: LockKeys,
+        ttl: Duration,
+        replicas: Option<Replicas>,
+        acquired: Acquired,
+    ) -> Result<LockGuard> {
+        let shared = self.shared;
+        let Acquired {
+            granted,
+            token: hold,
+            reentered,
+        } = acquired;
         let registry = matches!(self.kind, Kind::Reentrant(_)).then(|| shared.registry.clone());
         // `hold` names this guard's hold: the token of this acquire (the first hold's is
         // the lock's).
@@ -360,26 +381,22 @@ impl<'a> LockBuilder<'a> {
                     // Answered after the lease it set ran out: nothing this client can rely
                     // on. Its own hold is given back (the hold's token names it alone), and
                     // the acquire fails as a grant confirmed too late does.
-                    let lease = Lease::new(
+                    // In the background: the acquire's own bounds are spent already.
+                    let cutoff = Instant::now() + shared.server.bounds().io;
+                    crate::acquire::give_back_in_background(
                         shared.server.clone(),
                         keys,
-                        lock_token,
-                        granted.fencing_token,
                         self.kind,
-                        replicas,
-                        LeaseClock::new(ttl, granted.lease, granted.sent_at),
-                        None,
+                        ttl,
+                        hold,
+                        cutoff,
                     );
-                    let name = self.name;
-                    let late = LockGuard::start(lease, false, hold, None)?;
-                    if let Err(e) = late.release() {
-                        log::debug!("giving back a late re-entry of lock {name:?}: {e}");
-                    }
                     return Err(Error::new(
                         ErrorKind::Busy,
                         format!(
-                            "lock {name:?} was re-entered, but the reply came after the lease it \
-                             set ran out; the hold was given back, nothing is held"
+                            "lock {:?} was re-entered, but the reply came after the lease it \
+                             set ran out; the hold is given back, nothing is held",
+                            self.name
                         ),
                     ));
                 }

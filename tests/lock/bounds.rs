@@ -15,7 +15,7 @@
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use redlease::{Client, ClientOptions};
+use redlease::{Client, ClientOptions, ErrorKind};
 
 use crate::support::{self, RedisServer, options_ms, within};
 
@@ -296,4 +296,55 @@ fn a_settle_give_back_never_takes_an_acquire_past_its_bound() {
         took <= bound + Duration::from_millis(300),
         "acquire_timeout({wait:?}) took {took:?}; bound wait + connect + I/O + 0.25 s = {bound:?}"
     );
+}
+
+/// A re-entry answered after the lease it set ran out gives its hold back without holding
+/// up `try_acquire` past its bound: here the re-entry's reply comes 1.5 s late (within the
+/// I/O timeout) and the give-back is never answered. Given back inline, the call took one
+/// more I/O timeout after the late reply (3.5 s, against a bound of 2.5 s).
+#[test]
+fn a_late_reentrys_give_back_keeps_try_acquire_within_its_bound() {
+    use support::proxy::{Action, Proxy};
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let owner = "owner-of-a-late-reentry";
+    let first = client(&server.url())
+        .lock("bound-reentry")
+        .reentrant_as(owner)
+        .ttl(Duration::from_millis(500))
+        .try_acquire()
+        .unwrap();
+    let late = client(&proxy.url());
+    late.lock("warm-up")
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+    // The re-entry is the first request naming the owner; a give-back names a handoff token.
+    let delay = IO * 3 / 4;
+    let reentry = proxy.on_request(owner.as_bytes(), 1, Action::DelayReply(delay));
+    let give_back = proxy.on_request(b":handoff", 1, Action::DropReply);
+    let started = Instant::now();
+    let result = within(Duration::from_secs(20), move || {
+        late.lock("bound-reentry")
+            .reentrant_as(owner)
+            .ttl(Duration::from_millis(100))
+            .try_acquire()
+            .map(drop)
+    });
+    let took = started.elapsed();
+    assert_eq!(proxy.matched(reentry), 1);
+    assert_eq!(result.unwrap_err().kind(), ErrorKind::Busy);
+    // The slack of the other tests would let one more I/O timeout through here: the call
+    // must end about when the late reply came, well before that.
+    assert!(
+        took <= delay + IO / 2,
+        "try_acquire took {took:?}; its reply came {delay:?} late; documented bound: pool \
+         wait 0 + connect {CONNECT:?} + io {IO:?}"
+    );
+    // The give-back went out, in the background.
+    assert!(support::eventually(Duration::from_secs(5), || {
+        proxy.matched(give_back) == 1
+    }));
+    first.release().unwrap();
 }
