@@ -329,7 +329,7 @@ impl<'a> LockBuilder<'a> {
             replicas,
         }
         .run();
-        let result = acquired.and_then(|acquired| self.hold(keys, ttl, replicas, acquired));
+        let result = acquired.and_then(|acquired| self.hold(keys, ttl, replicas, wait, acquired));
         ending.record(&result);
         result
     }
@@ -337,14 +337,16 @@ impl<'a> LockBuilder<'a> {
     /// The guard of what an acquire took: a hold joined to the lease this process holds
     /// for its acquisition (a re-entry), or a lease of its own with its renewal.
     ///
-    /// Errors: [`ErrorKind::Busy`] for a re-entry answered after the lease it set ran out
-    /// that joins nothing held here (its hold is given back, in the background);
+    /// Errors: [`ErrorKind::Busy`] for a single attempt's re-entry answered after the lease
+    /// it set ran out that joins nothing held here (its hold is given back, in the
+    /// background; the acquire machine gives a waiter's back itself and waits on);
     /// [`ErrorKind::Internal`] when no renewal thread can be had (the hold is released).
     fn hold(
         self,
         keys: LockKeys,
         ttl: Duration,
         replicas: Option<Replicas>,
+        wait: Wait,
         acquired: Acquired,
     ) -> Result<LockGuard> {
         let shared = self.shared;
@@ -377,11 +379,13 @@ impl<'a> LockBuilder<'a> {
                     drop(renewal);
                     return Ok(guard);
                 }
-                if lease_clock::local_deadline(granted.sent_at, granted.lease) <= Instant::now() {
+                if wait == Wait::No
+                    && lease_clock::local_deadline(granted.sent_at, granted.lease) <= Instant::now()
+                {
                     // Answered after the lease it set ran out: nothing this client can rely
-                    // on. Its own hold is given back (the hold's token names it alone), and
-                    // the acquire fails as a grant confirmed too late does.
-                    // In the background: the acquire's own bounds are spent already.
+                    // on. Its own hold is given back (the hold's token names it alone), in
+                    // the background (the call's bounds are spent), and the acquire fails
+                    // as a grant confirmed too late does.
                     let cutoff = Instant::now() + shared.server.bounds().io;
                     crate::acquire::give_back_in_background(
                         shared.server.clone(),

@@ -13,8 +13,8 @@
 //!   gate one at a time; the last hold's release closes the gate (waiting for the one in
 //!   flight) and decides whether the lease was broken before it sends the release.
 //! - A re-entry joins the lease its owner holds on this client when it is still held
-//!   there, as the runtime's registry does; otherwise it gets a lease of its own, or, when
-//!   it was answered after that lease ran out, gives its hold back at once and fails.
+//!   there, as the runtime's registry does; otherwise it gets a lease of its own, or, for a
+//!   single attempt answered after that lease ran out, gives its hold back and fails.
 
 use std::time::{Duration, Instant};
 
@@ -979,11 +979,11 @@ impl World {
         let joined = reentered
             .as_deref()
             .and_then(|lock_token| self.join(client, &acq, lock_token, &granted, &token));
-        if let (None, Some(lock_token)) = (joined, &reentered) {
+        if let (None, Some(lock_token), Wait::No) = (joined, &reentered, acq.spec.wait) {
             if lease_clock::local_deadline(granted.sent_at, granted.lease) <= now {
-                // As the runtime does: a re-entry answered after its lease ran out gives
-                // its hold back at once (a lease of its own, never renewed, released now)
-                // and the acquire fails.
+                // As the runtime does: a single attempt's re-entry answered after its lease
+                // ran out gives its hold back at once (a lease of its own, never renewed,
+                // released now) and the acquire fails.
                 let lease = self.add_lease(
                     client,
                     NewLease {
