@@ -135,8 +135,9 @@ end
 /// clock, which an estimate may lag. One write in the common case: the clock goes in and
 /// the last token comes back in the same `SET ... GET` (Redis 6.2); a second `SET` only
 /// when the clock had not passed the last token. The counter's expiry is refreshed with
-/// each token. `sent`: the caller already wrote `estimate` (a positive number) to the counter
-/// that way, and `last` is what came back (see [`ACQUIRE`]'s single attempt).
+/// each token. `sent`: the caller already wrote `estimate` (a positive integer, written as
+/// this function writes one) to the counter that way, and `last` is what came back (see
+/// [`ACQUIRE`]'s single attempt).
 fn next_fence() -> String {
     format!(
         r"
@@ -230,15 +231,19 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
 -- A mutex's single attempt, the most common acquire, runs before any helper is defined (a
 -- definition costs a closure on every call). When it takes the lock with an estimate of
 -- the clock that passed the last fencing token (the common case), that is the token: the
--- estimate goes to the counter as it came, and the last token comes back in one SET.
+-- estimate goes to the counter as it came (an integer as next_fence would write it: no
+-- leading zero, exact in a Lua number), and the last token comes back in one SET.
 local single = ARGV[4] == '0' and not ARGV[7]
 local taken, estimate, last
+local sent = false
 if single then
   taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
   estimate = tonumber(ARGV[3]) or 0
-  if taken and estimate > 1 then
+  if taken and estimate > 1 and estimate < 9007199254740992
+      and string.find(ARGV[3], '^[1-9]%d*$') then
+    sent = true
     last = redis.call('SET', KEYS[2], ARGV[3], 'PX', '{FENCE_TTL_MS}', 'GET')
-    if last and tonumber(last) < estimate then
+    if last and tonumber(last) + 1 <= estimate then
       return {{1, estimate, tonumber(ARGV[2])}}
     end
   end
@@ -251,7 +256,7 @@ if taken then
   -- The single attempt took it: the fencing token, from where it left off.
   local fence, read = 0, nil
   if ARGV[3] ~= '1' then
-    fence, read = next_fence(KEYS[2], estimate, nil, estimate > 1, last)
+    fence, read = next_fence(KEYS[2], estimate, nil, sent, last)
   end
   if read then
     return {1, fence, tonumber(ARGV[2]), read}
@@ -1000,3 +1005,54 @@ return 1
 "
     ))
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::support::RedisServer;
+
+    /// A mutex's single attempt on `lock`, with `estimate` as the client's clock (ARGV[3]):
+    /// its fencing token.
+    fn single_attempt(server: &RedisServer, lock: &str, estimate: &str) -> u64 {
+        let reply: Vec<i64> = redis::cmd("EVAL")
+            .arg(&ACQUIRE.code)
+            .arg(2)
+            .arg(lock)
+            .arg("fence")
+            .arg(format!("token-of-{lock}"))
+            .arg(30_000)
+            .arg(estimate)
+            .arg("0")
+            .query(&mut server.conn())
+            .expect("the acquire script runs");
+        assert_eq!(reply[0], 1, "{lock} is taken: {reply:?}");
+        reply[1] as u64
+    }
+
+    /// The single attempt's short way to a fencing token (the estimate as the token, written
+    /// as it came) is taken only for an estimate written as `next_fence` would write it: a
+    /// fraction, a leading zero or an exponent goes the long way, so that the token still
+    /// passes the last one and the counter holds a plain integer.
+    #[test]
+    fn a_single_attempts_estimate_is_the_token_only_as_a_plain_integer() {
+        let server = RedisServer::start();
+        let counter = || server.get("fence").expect("the counter exists");
+        server.cmd::<()>(&["SET", "fence", "5"]);
+        assert_eq!(
+            single_attempt(&server, "a", "5.5"),
+            6,
+            "past the last token, 5"
+        );
+        assert_eq!(counter(), "6");
+        assert_eq!(single_attempt(&server, "b", "0007"), 7);
+        assert_eq!(counter(), "7");
+        assert_eq!(single_attempt(&server, "c", "1e3"), 1000);
+        assert_eq!(counter(), "1000");
+        // The common case: the estimate as it came.
+        assert_eq!(single_attempt(&server, "d", "2000"), 2000);
+        assert_eq!(counter(), "2000");
+        // An estimate that did not pass the last token: the one after it.
+        assert_eq!(single_attempt(&server, "e", "2000"), 2001);
+        assert_eq!(counter(), "2001");
+    }
+}
