@@ -757,7 +757,11 @@ impl World {
         let Some(sent) = self.sent.get(&id) else {
             return;
         };
-        if !sent.awaited {
+        // A request in the background has no caller waiting for its answer, but the
+        // runtime's wire still sends a script answered `NOSCRIPT` again as `EVAL` (a
+        // background give-back runs `run_calls` on a thread of its own): only its answer
+        // goes nowhere.
+        if !sent.awaited && sent.purpose != Purpose::Background {
             return;
         }
         let replies = sent.replies.clone().unwrap_or_default();
@@ -1037,4 +1041,50 @@ fn describe(commands: &[Vec<Vec<u8>>]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mutex's release sent in the background to a server that has not cached the script
+    /// (a fresh server here; a promoted replica or a restarted server in a run) is answered
+    /// `NOSCRIPT`; as the runtime's wire does for a background give-back too, it is sent
+    /// again as `EVAL`, and runs: the key it held (without expiry) is gone.
+    #[test]
+    fn a_background_release_answered_noscript_is_sent_again_and_runs() {
+        let mut world = World::new(1, false);
+        world.cfg.faults = crate::sim::config::Faults::calm();
+        let keys = crate::keys::LockKeys::new("", "bg").expect("a lock name");
+        world.servers[0].foreign(&["SET", &keys.lock, "tok"], 0);
+        assert!(world.servers[0].has_key(&keys.lock));
+        let release = &crate::scripts::RELEASE;
+        let mut command: Vec<Vec<u8>> = vec![
+            b"EVALSHA".to_vec(),
+            release.sha.clone().into_bytes(),
+            b"6".to_vec(),
+        ];
+        for key in [
+            &keys.lock,
+            &keys.wake,
+            &keys.queue,
+            &keys.grant,
+            &keys.waiting,
+            &keys.fence,
+        ] {
+            command.push(key.clone().into_bytes());
+        }
+        for arg in ["tok", "tok-handoff", "200", "1500", "0", "0"] {
+            command.push(arg.as_bytes().to_vec());
+        }
+        world.send(0, Purpose::Background, 0, vec![command], 0);
+        while let Some(Reverse((at, _, event))) = world.queue.pop() {
+            world.now = at;
+            world.handle(event);
+        }
+        assert!(
+            !world.servers[0].has_key(&keys.lock),
+            "the background release ran (sent again as EVAL after NOSCRIPT)"
+        );
+    }
 }
