@@ -329,7 +329,8 @@ impl<'a> LockBuilder<'a> {
             replicas,
         }
         .run();
-        let result = acquired.and_then(|acquired| self.hold(keys, ttl, replicas, wait, acquired));
+        let result =
+            acquired.and_then(|acquired| self.guard_for(keys, ttl, replicas, wait, acquired));
         ending.record(&result);
         result
     }
@@ -341,7 +342,7 @@ impl<'a> LockBuilder<'a> {
     /// it set ran out that joins nothing held here (its hold is given back, in the
     /// background; the acquire machine gives a waiter's back itself and waits on);
     /// [`ErrorKind::Internal`] when no renewal thread can be had (the hold is released).
-    fn hold(
+    fn guard_for(
         self,
         keys: LockKeys,
         ttl: Duration,

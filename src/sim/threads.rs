@@ -390,7 +390,7 @@ impl World {
 
     /// The release script's call for `token` of `kind` on `keys` (a withdrawal of a waiter
     /// for `ttl` when `withdraw`), with a fresh handoff token of the client's.
-    fn release_args(
+    pub(super) fn release_args(
         &mut self,
         client: usize,
         kind: &Kind,

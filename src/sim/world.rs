@@ -1058,25 +1058,18 @@ mod tests {
         let keys = crate::keys::LockKeys::new("", "bg").expect("a lock name");
         world.servers[0].foreign(&["SET", &keys.lock, "tok"], 0);
         assert!(world.servers[0].has_key(&keys.lock));
-        let release = &crate::scripts::RELEASE;
-        let mut command: Vec<Vec<u8>> = vec![
-            b"EVALSHA".to_vec(),
-            release.sha.clone().into_bytes(),
-            b"6".to_vec(),
-        ];
-        for key in [
-            &keys.lock,
-            &keys.wake,
-            &keys.queue,
-            &keys.grant,
-            &keys.waiting,
-            &keys.fence,
-        ] {
-            command.push(key.clone().into_bytes());
-        }
-        for arg in ["tok", "tok-handoff", "200", "1500", "0", "0"] {
-            command.push(arg.as_bytes().to_vec());
-        }
+        let command = world.release_args(
+            0,
+            &crate::kinds::Kind::Mutex,
+            &keys,
+            "tok",
+            false,
+            Duration::ZERO,
+        );
+        assert!(
+            command[0].eq_ignore_ascii_case(b"EVALSHA"),
+            "sent by its SHA1"
+        );
         world.send(0, Purpose::Background, 0, vec![command], 0);
         while let Some(Reverse((at, _, event))) = world.queue.pop() {
             world.now = at;
