@@ -15,9 +15,18 @@ from ._native import UINT64_MAX
 
 Key = Union[str, bytes]
 
+# Durations below this many seconds (about 31 years) that are a plain float or int (not
+# NaN, not negative) are converted without the checks that tell what is wrong with others.
+_PLAIN_SECONDS = 1e9
+
 
 def key_bytes(key: object) -> bytes:
     """A lock name as the UTF-8 bytes the C ABI takes. ``bytes`` must be valid UTF-8."""
+    if type(key) is str and key.isascii():
+        # The common case, without a call: ASCII encodes as is, and cannot fail.
+        data = key.encode("ascii")
+        if data and b"\0" not in data:
+            return data
     if isinstance(key, str):
         data = utf8(key, "the key")
     elif isinstance(key, (bytes, bytearray, memoryview)):
@@ -85,6 +94,8 @@ def seconds(value: object, what: str) -> float:
 def duration_ms(value: object, what: str) -> int:
     """A finite duration in seconds as whole milliseconds, rounded to the nearest. The
     library refuses what is too short or too long for its purpose."""
+    if (type(value) is float or type(value) is int) and 0 <= value < _PLAIN_SECONDS:
+        return round(float(value) * 1000)  # the common case, as below without the checks
     secs = seconds(value, what)
     ms = secs * 1000
     if ms >= UINT64_MAX:  # also inf
@@ -98,6 +109,8 @@ def wait_ms(wait: object) -> int:
     than asked."""
     if wait is None:
         return UINT64_MAX
+    if (type(wait) is float or type(wait) is int) and 0 <= wait < _PLAIN_SECONDS:
+        return math.ceil(float(wait) * 1000)  # the common case, as below without the checks
     secs = seconds(wait, "wait")
     if math.isinf(secs):
         return UINT64_MAX

@@ -229,7 +229,8 @@ class Client:
         :class:`RedisConnectionError` or :class:`RedisServerError`. With ``reentrant=True``
         each call from the thread (or ``owner``) that holds ``key`` returns a new
         :class:`Lock` with one more hold, at once; the key is released with the last."""
-        return self.lock(
+        return Lock(
+            self,
             key,
             ttl,
             wait,

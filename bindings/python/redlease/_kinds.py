@@ -18,15 +18,13 @@ Take = Callable[[int, bytes, int, int, Any, Any], int]
 class Kind:
     """A kind of hold: the C call that takes one, and how messages name it."""
 
-    __slots__ = ("_label", "_take")
+    __slots__ = ("_label", "take")
 
     def __init__(self, label: str, take: Take) -> None:
         self._label = label
-        self._take = take
-
-    def take(self, client: int, name: bytes, ttl_ms: int, wait_ms: int, opts: Any, out: Any) -> int:
-        """Takes one hold (``lock_acquire_opts`` or its kind's sibling); returns the status."""
-        return self._take(client, name, ttl_ms, wait_ms, opts, out)
+        #: Takes one hold (``lock_acquire_opts`` or its kind's sibling); returns the status.
+        #: The C function itself for a mutex: no Python frame between the caller and it.
+        self.take = take
 
     def describe(self, name: str) -> str:
         """``name`` as messages call it: ``lock 'x'``, ``semaphore 'x'``, ..."""

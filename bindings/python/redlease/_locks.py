@@ -140,9 +140,10 @@ class Lock:
         owner: Optional[str] = None,
     ) -> None:
         self._handle = 0
-        if not isinstance(reentrant, bool):
-            raise InvalidArgumentError("reentrant must be a bool")
-        if owner is not None and not reentrant:
+        if reentrant is not False:
+            if not isinstance(reentrant, bool):
+                raise InvalidArgumentError("reentrant must be a bool")
+        elif owner is not None:
             raise InvalidArgumentError("owner is for a reentrant lock: pass reentrant=True too")
         self._reentrant = reentrant
         # The owner's name as the library takes it (None: the thread that acquires).
@@ -155,11 +156,12 @@ class Lock:
         self._client = client
         # What the object holds: a mutex, a permit, a side of a read-write lock (_kinds).
         self._kind = kind
-        self._min_replicas = _args.min_replicas(min_replicas)
+        self._min_replicas = None if min_replicas is None else _args.min_replicas(min_replicas)
         self._key = _args.key_bytes(key)
         self._ttl_ms = _args.duration_ms(ttl, "ttl")
         self._wait_ms = _args.wait_ms(wait)
-        _args.hold_options(renew, on_lost, cancel, CancelToken)
+        if renew is not True or on_lost is not None or cancel is not None:
+            _args.hold_options(renew, on_lost, cancel, CancelToken)
         self._renew = renew
         self._on_lost = on_lost
         self._cancel = cancel
@@ -167,7 +169,8 @@ class Lock:
         self._gate = threading.Lock()
         # Who holds the gate: a thread id, or an asyncio task (see _acquire).
         self._owner: object = None
-        self._pid = os.getpid()
+        # The process that made the current holding (set with it: see _adopt and __del__).
+        self._pid = 0
         # The handle of the current (or last) holding, for losses reported late.
         self._last_handle = 0
         self._fencing_token: Optional[int] = None
@@ -288,11 +291,15 @@ class Lock:
             wait_ms = self._wait_ms
         if self._reentrant and self._handle and self._owner == owner:
             return self._reenter(cancel)
-        self._enter_gate(started, cancel, owner, wait_ms)
+        if self._gate.acquire(blocking=False):
+            self._owner = owner
+        else:
+            self._enter_gate(started, cancel, owner, wait_ms)
         out = _native.lock_t()
         _registry.adopting_begin()
         try:
-            wait_ms = _wait_left(started, wait_ms)
+            if wait_ms:
+                wait_ms = _wait_left(started, wait_ms)
             # Python runs signal handlers on the main thread only. `catcher` (and `opts`,
             # which refers to its callback) stay alive until the C call has returned.
             catcher = SignalCatcher() if wait_ms and on_main_thread() else None

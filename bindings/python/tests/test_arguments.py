@@ -9,7 +9,7 @@ import threading
 import pytest
 
 import redlease
-from redlease import InvalidArgumentError, InvalidHandleError, LockNotHeldError, _native
+from redlease import InvalidArgumentError, InvalidHandleError, LockNotHeldError, _args, _native
 
 HUGE = 10**400
 BAD_DURATIONS = [HUGE, -HUGE, math.nan, -1.0, -1, True, False, "1", None, math.inf]
@@ -80,6 +80,25 @@ def test_lone_surrogates_in_urls_and_keys_are_invalid_arguments(client, r):
         with pytest.raises(InvalidArgumentError):
             call()
     assert r.dbsize() == 0
+
+
+@pytest.mark.parametrize("key", ["", b"", "a\0b", b"a\0b", "\0"])
+def test_empty_keys_and_keys_with_nul_are_invalid_arguments(client, r, key):
+    with pytest.raises(InvalidArgumentError):
+        client.acquire(key, wait=0)
+    assert r.dbsize() == 0
+
+
+def test_keys_and_durations_convert_alike_on_every_path():
+    # Plain ASCII keys, and plain numbers below 10**9 s, take a short way: the same values.
+    assert _args.key_bytes("order:1001") == b"order:1001"
+    assert _args.key_bytes("zähler") == "zähler".encode("utf-8")
+    assert _args.key_bytes(b"order:1001") == b"order:1001"
+    for value in (0, 0.0004, 0.0005, 0.0015, 1, 2.5, 30, 999_999_999, 999_999_999.9, 10**9, 1e9, 4e9):
+        secs = float(value)
+        assert _args.duration_ms(value, "ttl") == round(secs * 1000), value
+        assert _args.wait_ms(value) == math.ceil(secs * 1000), value
+    assert _args.wait_ms(None) == _args.wait_ms(math.inf) == _native.UINT64_MAX
 
 
 def test_reserved_key_names_are_invalid_arguments(client, r):
