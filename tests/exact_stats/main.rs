@@ -50,7 +50,9 @@ fn each_acquire_is_counted_once_as_what_it_ended_as() {
         .ttl(ttl)
         .try_acquire();
     proxy.set_reply_delay(Duration::ZERO);
-    let e = reentry.err().expect("a re-entry answered after its lease");
+    let Err(e) = reentry else {
+        panic!("a re-entry answered after its lease returned a guard");
+    };
     assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
     assert!(eventually(Duration::from_secs(5), || {
         late.inspect("counted").unwrap().reentrant == Some((owner.to_owned(), 1))
