@@ -781,6 +781,17 @@ impl Connection {
         !self.broken && self.pending == 0 && self.process == process::generation()
     }
 
+    /// How [`usable_together`] looks at this connection.
+    fn look(&self) -> Look {
+        if !self.is_in_step() || self.replies.has_unread() {
+            return Look::Known(false);
+        }
+        match &self.io {
+            Io::Plain(s) => Look::Poll(s.as_raw_fd()),
+            Io::Tls(_) => Look::Alone,
+        }
+    }
+
     /// Whether the connection can carry another request: [in step](Self::is_in_step), and
     /// (checked without blocking) not closed by the server and holding no unread data.
     pub fn is_usable(&mut self) -> bool {
@@ -809,6 +820,54 @@ impl Connection {
             ),
         }
     }
+}
+
+/// [`Connection::is_usable`] of each of `conns`, with one system call for all the plain
+/// ones (`poll` without waiting: a socket with anything to read, data or the server's
+/// close, or an error, is not usable), so that a round to several servers looks at their
+/// idle connections together. TLS connections are looked at one by one.
+pub(crate) fn usable_together(conns: &mut [&mut Connection]) -> Vec<bool> {
+    let looks: Vec<Look> = conns.iter().map(|c| c.look()).collect();
+    let mut fds: Vec<libc::pollfd> = looks
+        .iter()
+        .filter_map(|look| match look {
+            Look::Poll(fd) => Some(libc::pollfd {
+                fd: *fd,
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            }),
+            _ => None,
+        })
+        .collect();
+    let polled = if fds.is_empty() {
+        0
+    } else {
+        // SAFETY: `fds` is an array of `fds.len()` pollfd structures of our own; a zero
+        // timeout never blocks.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) }
+    };
+    let mut polled_fds = fds.iter();
+    looks
+        .into_iter()
+        .zip(conns.iter_mut())
+        .map(|(look, conn)| match look {
+            Look::Known(usable) => usable,
+            Look::Alone => conn.is_usable(),
+            // Interrupted (or refused): each on its own, as a checkout would.
+            Look::Poll(_) if polled < 0 => conn.is_usable(),
+            Look::Poll(_) => polled_fds.next().is_some_and(|fd| fd.revents == 0),
+        })
+        .collect()
+}
+
+/// How a connection is looked at by [`usable_together`].
+enum Look {
+    /// Its socket, with the others'.
+    Poll(RawFd),
+    /// Not at all: this is known.
+    Known(bool),
+    /// On its own ([`Connection::is_usable`]): a TLS connection.
+    Alone,
 }
 
 impl Drop for Connection {

@@ -83,11 +83,19 @@ impl Pool {
 
     /// Checks out a connection on `lane`, connecting (before `connect_by`, and within the
     /// connect timeout) when no idle one is usable. `Ok(None)` only on the blocking lane,
-    /// when all its slots are taken.
+    /// when all its slots are taken. With [`Check::Later`] an idle connection is handed out
+    /// without the look at its socket, which the caller then makes for several connections
+    /// at once ([`crate::connection::usable_together`]), replacing those that fail it with
+    /// [`Pooled::replace`].
     ///
     /// Errors: [`ErrorKind::Timeout`] when the caller lane has no free slot in time; the
     /// connect error otherwise. Nothing has been sent when this fails.
-    pub fn checkout(&self, lane: Lane, connect_by: Instant) -> Result<Option<Pooled<'_>>> {
+    pub fn checkout(
+        &self,
+        lane: Lane,
+        connect_by: Instant,
+        check: Check,
+    ) -> Result<Option<Pooled<'_>>> {
         let mut state = self.state();
         match lane {
             Lane::Caller(until) => {
@@ -138,7 +146,15 @@ impl Pool {
             conn: None,
             lane,
             process,
+            unchecked: false,
         };
+        if check == Check::Later {
+            if let Some(conn) = self.state().idle.pop() {
+                pooled.conn = Some(conn);
+                pooled.unchecked = true;
+                return Ok(Some(pooled));
+            }
+        }
         pooled.conn = Some(self.usable_or_new(connect_by)?);
         Ok(Some(pooled))
     }
@@ -199,12 +215,23 @@ impl Pool {
     }
 }
 
+/// When an idle connection's socket is looked at before it is handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// By the checkout.
+    Now,
+    /// By the caller, before it writes (see [`Pool::checkout`]).
+    Later,
+}
+
 /// A checked-out connection; goes back to the pool on drop unless it broke.
 pub(crate) struct Pooled<'a> {
     pool: &'a Pool,
     conn: Option<Connection>,
     lane: Lane,
     process: u64,
+    /// An idle connection handed out with [`Check::Later`], not looked at yet.
+    unchecked: bool,
 }
 
 impl Pooled<'_> {
@@ -213,6 +240,32 @@ impl Pooled<'_> {
         self.conn
             .as_mut()
             .unwrap_or_else(|| unreachable!("a checked-out connection is present until dropped"))
+    }
+
+    /// Whether the connection is an idle one handed out with [`Check::Later`]: the caller
+    /// must look at it before writing.
+    pub fn unchecked(&self) -> bool {
+        self.unchecked
+    }
+
+    /// The connection was looked at and found usable.
+    pub fn checked(&mut self) {
+        self.unchecked = false;
+    }
+
+    /// The connection was found closed or out of step: it is dropped, and replaced by a
+    /// usable idle one or a new one (connected before `connect_by`).
+    ///
+    /// Errors: the connect's. The slot stays checked out (and is given back on drop).
+    pub fn replace(&mut self, connect_by: Instant) -> Result<()> {
+        log::debug!(
+            "dropping a dead idle connection to {}",
+            self.pool.connector.addr
+        );
+        self.conn = None;
+        self.unchecked = false;
+        self.conn = Some(self.pool.usable_or_new(connect_by)?);
+        Ok(())
     }
 }
 

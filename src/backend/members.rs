@@ -18,9 +18,10 @@ use crate::backend::exec::Exec;
 use crate::backend::node::Node;
 use crate::backend::redirect::Redirect;
 use crate::backend::wire::{finish_calls, send_calls};
+use crate::connection::{Connection, usable_together};
 use crate::error::{Error, Result};
 use crate::lane::Lane;
-use crate::pool::Pooled;
+use crate::pool::{Check, Pooled};
 
 /// The members of a Redlock deployment.
 pub(crate) struct Members {
@@ -53,7 +54,8 @@ impl Members {
             .iter()
             .map(|m| m.node_for(key, deadline))
             .collect();
-        let checkouts = checkout_all(&nodes, &how);
+        let mut checkouts = checkout_all(&nodes, &how);
+        replace_closed(&mut checkouts, deadline);
         let mut in_flight: Vec<Result<(Pooled<'_>, Instant)>> = Vec::with_capacity(nodes.len());
         for checkout in checkouts {
             in_flight.push(checkout.and_then(|mut pooled| {
@@ -88,7 +90,7 @@ impl Members {
 fn checkout_all<'a>(nodes: &'a [Result<Arc<Node>>], how: &Exec<'_>) -> Vec<Result<Pooled<'a>>> {
     let take = |node: &'a Result<Arc<Node>>| -> Result<Pooled<'a>> {
         let node = node.as_ref().map_err(Clone::clone)?;
-        node.checkout(how)?.ok_or_else(|| {
+        node.checkout_with(how, Check::Later)?.ok_or_else(|| {
             Error::new(
                 crate::error::ErrorKind::Internal,
                 "no connection on the lane",
@@ -133,6 +135,37 @@ fn checkout_all<'a>(nodes: &'a [Result<Arc<Node>>], how: &Exec<'_>) -> Vec<Resul
             })
             .collect()
     })
+}
+
+/// Looks at the idle connections [`checkout_all`] handed out, all at once (one system call
+/// rather than one per member), and replaces those a server closed while they were idle
+/// (a restarted member), connecting before `connect_by`. A member whose connect fails has
+/// that error as its checkout.
+fn replace_closed(checkouts: &mut [Result<Pooled<'_>>], connect_by: Instant) {
+    let unchecked: Vec<usize> = (0..checkouts.len())
+        .filter(|&i| checkouts[i].as_ref().is_ok_and(Pooled::unchecked))
+        .collect();
+    if unchecked.is_empty() {
+        return;
+    }
+    let usable = {
+        let mut conns: Vec<&mut Connection> = checkouts
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| unchecked.contains(i))
+            .filter_map(|(_, c)| c.as_mut().ok().map(Pooled::conn))
+            .collect();
+        usable_together(&mut conns)
+    };
+    for (i, usable) in unchecked.into_iter().zip(usable) {
+        if let Ok(pooled) = &mut checkouts[i] {
+            if usable {
+                pooled.checked();
+            } else if let Err(e) = pooled.replace(connect_by) {
+                checkouts[i] = Err(e);
+            }
+        }
+    }
 }
 
 /// The time each member is given in a round: much less than the ttl, at most the I/O

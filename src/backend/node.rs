@@ -13,7 +13,7 @@ use crate::backend::wire::{reply, run_calls};
 use crate::connection::{Connection, Connector};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lane::Lane;
-use crate::pool::{Pool, Pooled};
+use crate::pool::{Check, Pool, Pooled};
 use crate::tls::TlsSetup;
 use crate::url::{Addr, Login};
 
@@ -113,6 +113,12 @@ impl Node {
     /// A connection on `how.lane` (connecting by the cutoff, or within the connect
     /// timeout). `Ok(None)` on the blocking lane when all its connections are taken.
     pub fn checkout(&self, how: &Exec<'_>) -> Result<Option<Pooled<'_>>> {
+        self.checkout_with(how, Check::Now)
+    }
+
+    /// As [`checkout`](Self::checkout), with an idle connection looked at `check` (see
+    /// [`crate::pool::Pool::checkout`]).
+    pub fn checkout_with(&self, how: &Exec<'_>, check: Check) -> Result<Option<Pooled<'_>>> {
         let pool = match how.lane {
             Lane::Renewal => &self.renewal,
             Lane::Caller(_) | Lane::Blocking | Lane::Urgent => &self.pool,
@@ -120,7 +126,7 @@ impl Node {
         let connect_by = how
             .cutoff
             .unwrap_or_else(|| Instant::now() + pool.connector.connect_timeout);
-        pool.checkout(how.lane, connect_by)
+        pool.checkout(how.lane, connect_by, check)
     }
 
     /// Whether an idle connection is at hand (a checkout would not have to connect).

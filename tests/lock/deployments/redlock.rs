@@ -137,6 +137,40 @@ fn a_restarted_member_does_not_lose_a_lock_a_majority_keeps() {
     guard.release().unwrap();
 }
 
+/// A member restarted between two acquires closed the idle connections the client keeps
+/// to it: the next round finds them closed before it writes (the members' idle
+/// connections are looked at together) and connects afresh, so the lock is taken on every
+/// member, not only on a majority, and nothing fails.
+#[test]
+fn a_restarted_members_closed_connections_are_replaced_before_a_round() {
+    let mut servers = primaries(3);
+    let client = redlock(&urls(&servers));
+    for round in 0..3 {
+        client
+            .lock("replaced")
+            .try_acquire()
+            .unwrap()
+            .release()
+            .unwrap();
+        servers[round % 3].restart();
+        let guard = client
+            .lock("replaced")
+            .renew(false)
+            .try_acquire()
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        for (i, server) in servers.iter().enumerate() {
+            assert_eq!(
+                server
+                    .cmd::<Option<String>>(&["GET", "replaced"])
+                    .as_deref(),
+                Some(guard.token()),
+                "round {round}: member {i}"
+            );
+        }
+        guard.release().unwrap();
+    }
+}
+
 /// With one member behind a proxy that never answers, acquire, extend and release each
 /// return within one per-member time (ttl/10) plus a margin, far from the 10 s I/O timeout.
 #[test]
