@@ -122,37 +122,35 @@ impl<'a> MultiLockBuilder<'a> {
             (true, Some(deadline)) => Wait::Until(deadline),
         };
         let hub = Arc::new(LossHub::default());
-        let mut guards: Vec<(String, LockGuard)> = Vec::with_capacity(order.len());
-        // Per guard: whether its loss is the lock's (set once the lock is taken).
-        let mut lives: Vec<Live> = Vec::with_capacity(order.len());
-        let mut rest = &order[..];
-        while let Some(first) = rest.first() {
-            // The run of names of the first one's group (a name of no group goes alone).
-            let len = match first.group {
-                None => 1,
-                Some(g) => rest.iter().take_while(|n| n.group == Some(g)).count(),
-            };
-            let (group, after) = rest.split_at(len);
-            rest = after;
-            let taken = if let [one] = group {
-                let (builder, live) = self.single(one, &hub);
-                take_one(builder, wait).map(|g| vec![(one.name.clone(), g, live)])
+        let (guards, lives) = loop {
+            let (guards, lives, last_step) = self.take_in_order(&order, ttl, wait, &hub)?;
+            // Without renewal, the names of the steps before the last ran down their
+            // leases while later names were waited for: each gets its ttl again from now,
+            // as the last step's names have. One whose lease ran out (another client may
+            // have it now) makes the whole set go back and start again, within the wait.
+            let lapsed = if self.renew {
+                None
             } else {
-                self.take_group(group, ttl, wait, &hub)
+                guards[..last_step]
+                    .iter()
+                    .find_map(|(name, guard)| guard.extend(ttl).err().map(|e| (name.clone(), e)))
             };
-            match taken {
-                Ok(taken) => {
-                    for (name, guard, live) in taken {
-                        guards.push((name, guard));
-                        lives.push(live);
-                    }
-                }
-                Err(e) => {
-                    give_back(guards);
-                    return Err(e);
-                }
+            let Some((name, e)) = lapsed else {
+                break (guards, lives);
+            };
+            give_back(guards);
+            let now = Instant::now();
+            if wait.deadline(now).is_some_and(|end| end <= now) {
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "{name:?} could not be kept while the later names were taken (its \
+                         lease of {ttl:?}, without renewal, ended first): {e}"
+                    ),
+                ));
             }
-        }
+            log::debug!("lock_all starts again: {name:?} was not kept ({e})");
+        };
         // From here on a loss of any of these guards is the whole lock's. Losses before,
         // and any of a guard given back on the way (a name taken alone while a later one
         // was waited for), were the acquire's own business; a guard that was lost and is
@@ -168,6 +166,52 @@ impl<'a> MultiLockBuilder<'a> {
             }
         }
         Ok(MultiGuard { guards, hub })
+    }
+
+    /// Takes the names of `order` group after group (see the module documentation): the
+    /// guards, their liveness flags, and where the last group's guards begin. On an error
+    /// every name taken is given back first.
+    fn take_in_order(
+        &self,
+        order: &[Named],
+        ttl: Duration,
+        wait: Wait,
+        hub: &Arc<LossHub>,
+    ) -> Result<InOrder> {
+        let mut guards: Vec<(String, LockGuard)> = Vec::with_capacity(order.len());
+        // Per guard: whether its loss is the lock's (set once the lock is taken).
+        let mut lives: Vec<Live> = Vec::with_capacity(order.len());
+        let mut last_step = 0;
+        let mut rest = order;
+        while let Some(first) = rest.first() {
+            // The run of names of the first one's group (a name of no group goes alone).
+            let len = match first.group {
+                None => 1,
+                Some(g) => rest.iter().take_while(|n| n.group == Some(g)).count(),
+            };
+            let (group, after) = rest.split_at(len);
+            rest = after;
+            let taken = if let [one] = group {
+                let (builder, live) = self.single(one, hub);
+                take_one(builder, wait).map(|g| vec![(one.name.clone(), g, live)])
+            } else {
+                self.take_group(group, ttl, wait, hub)
+            };
+            match taken {
+                Ok(taken) => {
+                    last_step = guards.len();
+                    for (name, guard, live) in taken {
+                        guards.push((name, guard));
+                        lives.push(live);
+                    }
+                }
+                Err(e) => {
+                    give_back(guards);
+                    return Err(e);
+                }
+            }
+        }
+        Ok((guards, lives, last_step))
     }
 
     /// The ordinary lock of one of the names, its loss told to `hub` once it is live.
@@ -385,6 +429,10 @@ impl<'a> MultiLockBuilder<'a> {
 /// Whether a guard's loss is its lock's: set once the lock is taken, never for a guard
 /// given back while it was being taken.
 type Live = Arc<AtomicBool>;
+
+/// What [`MultiLockBuilder::take_in_order`] took: the guards by name, their liveness flags,
+/// and the index of the first guard of the last step.
+type InOrder = (Vec<(String, LockGuard)>, Vec<Live>, usize);
 
 /// One of the names, with its keys and group.
 struct Named {

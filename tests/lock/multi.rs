@@ -876,3 +876,51 @@ fn a_waiting_lock_all_rides_out_a_reset_and_a_lost_reply() {
             .is_unreachable()
     );
 }
+
+/// Without renewal, a name taken while the caller still waits for a later one runs out of
+/// lease during the wait (here a Redlock client: every name is taken on its own). The lock
+/// returned must hold every name, each for its ttl from the return, as a single lock holds
+/// its name for its ttl from the acquire; and no other client may take a name meanwhile.
+#[test]
+fn without_renewal_every_name_is_held_for_its_ttl_when_the_lock_is_returned() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let client = Client::redlock(&urls, redlease::ClientOptions::default()).unwrap();
+    let other = Client::redlock(&urls, redlease::ClientOptions::default()).unwrap();
+    let on_b = other.lock("nr:b").try_acquire().unwrap();
+    let ttl = Duration::from_millis(400);
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            client
+                .lock_all(&["nr:a", "nr:b"])
+                .ttl(ttl)
+                .renew(false)
+                .acquire_timeout(Duration::from_secs(10))
+        })
+    };
+    // The waiter takes nr:a, then waits for nr:b for three times nr:a's ttl.
+    assert!(eventually(Duration::from_secs(5), || {
+        servers[0].get("nr:a").is_some()
+    }));
+    std::thread::sleep(3 * ttl);
+    on_b.release().unwrap();
+    let all = waiter.join().unwrap().expect("both names in the end");
+    let returned = Instant::now();
+    for name in ["nr:a", "nr:b"] {
+        let guard = all.guard(name).unwrap();
+        let holding = servers
+            .iter()
+            .filter(|s| s.get(name).as_deref() == Some(guard.token()))
+            .count();
+        assert!(
+            holding >= 2 && guard.is_held() && guard.remaining() > ttl / 2,
+            "{name}: held on {holding} of 3, is_held {}, remaining {:?} ({:?} after the return)",
+            guard.is_held(),
+            guard.remaining(),
+            returned.elapsed()
+        );
+    }
+    all.release().unwrap();
+}
