@@ -19,7 +19,7 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use crate::backend::exec::Exec;
 use crate::cancel::{CancelToken, Watch};
 use crate::core::backoff::Wait;
-use crate::core::group::{GroupAction, GroupEvent, GroupMachine, GroupSpec};
+use crate::core::group::{self, GroupAction, GroupEvent, GroupMachine, GroupSpec};
 use crate::core::lease::{LostReason, ttl_millis};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
@@ -32,6 +32,10 @@ use crate::shared::Shared;
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, Mutex};
 use crate::{stats, token};
+
+/// The first pause before a lock over several names, without renewal, starts again (see
+/// [`MultiLockBuilder::acquire_until`]); it doubles up to the ttl.
+const RESTART_PAUSE: Duration = Duration::from_millis(10);
 
 /// The most names one [`crate::Client::lock_all`] takes.
 pub const MAX_NAMES: usize = 1024;
@@ -69,6 +73,15 @@ impl<'a> MultiLockBuilder<'a> {
     }
 
     /// Whether every name is renewed while held (default true).
+    ///
+    /// Without renewal, a name's lease runs down while later names are taken; before the
+    /// lock is returned, every name whose lease is shorter than the last step's by more than
+    /// a millisecond is extended to the ttl, so each name is returned with about a whole
+    /// ttl. If one ran out meanwhile (another client may have taken it), every name is
+    /// given back and the acquire starts again after a pause (10 ms, doubling up to the
+    /// ttl) while its wait lasts, then ends [`ErrorKind::Busy`]; an extend that fails
+    /// otherwise (a timeout, a connection error) ends it with that error, nothing held. A
+    /// ttl shorter than taking every name takes can so never succeed: a warning is logged.
     pub fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
         self
@@ -122,34 +135,58 @@ impl<'a> MultiLockBuilder<'a> {
             (true, Some(deadline)) => Wait::Until(deadline),
         };
         let hub = Arc::new(LossHub::default());
+        // Between two starts: a ttl too short for the steps would otherwise have the
+        // acquire take and give back its names as fast as the servers answer.
+        let mut pause = RESTART_PAUSE;
+        let mut warned = false;
         let (guards, lives) = loop {
-            let (guards, lives, last_step) = self.take_in_order(&order, ttl, wait, &hub)?;
-            // Without renewal, the names of the steps before the last ran down their
-            // leases while later names were waited for: each gets its ttl again from now,
-            // as the last step's names have. One whose lease ran out (another client may
-            // have it now) makes the whole set go back and start again, within the wait.
+            let pass = Instant::now();
+            let (guards, lives) = self.take_in_order(&order, ttl, wait, &hub)?;
+            // Without renewal, the leases of names taken before the last step ran down
+            // while later names were waited for: each gets its ttl again from now, as the
+            // last step's names have. One whose lease ran out (another client may have it
+            // now) makes the whole set go back and start again, within the wait.
             let lapsed = if self.renew {
                 None
             } else {
-                guards[..last_step]
-                    .iter()
-                    .find_map(|(name, guard)| guard.extend(ttl).err().map(|e| (name.clone(), e)))
+                let left: Vec<Duration> = guards.iter().map(|(_, g)| g.remaining()).collect();
+                group::run_down(&left, ttl).into_iter().find_map(|i| {
+                    let (name, guard) = &guards[i];
+                    guard.extend(ttl).err().map(|e| (name.clone(), e))
+                })
             };
             let Some((name, e)) = lapsed else {
                 break (guards, lives);
             };
             give_back(guards);
-            let now = Instant::now();
+            if e.kind() != ErrorKind::NotHeld {
+                return Err(e);
+            }
+            let (now, took) = (Instant::now(), pass.elapsed());
+            if took >= ttl && !warned {
+                warned = true;
+                log::warn!(
+                    "lock_all without renewal: taking {} names took {took:?}, longer than \
+                     their ttl of {ttl:?}; it starts again while its wait lasts (give a \
+                     longer ttl, or keep renewal on)",
+                    order.len()
+                );
+            }
             if wait.deadline(now).is_some_and(|end| end <= now) {
                 return Err(Error::new(
                     ErrorKind::Busy,
                     format!(
-                        "{name:?} could not be kept while the later names were taken (its \
-                         lease of {ttl:?}, without renewal, ended first): {e}"
+                        "{name:?} was not kept while the later names were taken (taking \
+                         them took {took:?}; its lease of {ttl:?}, without renewal, ended \
+                         first): {e}"
                     ),
                 ));
             }
             log::debug!("lock_all starts again: {name:?} was not kept ({e})");
+            let left = wait.left(now).unwrap_or(pause);
+            let watch = Watch::waiting(self.cancel.clone(), None);
+            crate::connection::pause(pause.min(left), &watch)?;
+            pause = (pause * 2).min(ttl).max(RESTART_PAUSE);
         };
         // From here on a loss of any of these guards is the whole lock's. Losses before,
         // and any of a guard given back on the way (a name taken alone while a later one
@@ -169,8 +206,7 @@ impl<'a> MultiLockBuilder<'a> {
     }
 
     /// Takes the names of `order` group after group (see the module documentation): the
-    /// guards, their liveness flags, and where the last group's guards begin. On an error
-    /// every name taken is given back first.
+    /// guards and their liveness flags. On an error every name taken is given back first.
     fn take_in_order(
         &self,
         order: &[Named],
@@ -181,7 +217,6 @@ impl<'a> MultiLockBuilder<'a> {
         let mut guards: Vec<(String, LockGuard)> = Vec::with_capacity(order.len());
         // Per guard: whether its loss is the lock's (set once the lock is taken).
         let mut lives: Vec<Live> = Vec::with_capacity(order.len());
-        let mut last_step = 0;
         let mut rest = order;
         while let Some(first) = rest.first() {
             // The run of names of the first one's group (a name of no group goes alone).
@@ -199,7 +234,6 @@ impl<'a> MultiLockBuilder<'a> {
             };
             match taken {
                 Ok(taken) => {
-                    last_step = guards.len();
                     for (name, guard, live) in taken {
                         guards.push((name, guard));
                         lives.push(live);
@@ -211,7 +245,7 @@ impl<'a> MultiLockBuilder<'a> {
                 }
             }
         }
-        Ok((guards, lives, last_step))
+        Ok((guards, lives))
     }
 
     /// The ordinary lock of one of the names, its loss told to `hub` once it is live.
@@ -430,9 +464,9 @@ impl<'a> MultiLockBuilder<'a> {
 /// given back while it was being taken.
 type Live = Arc<AtomicBool>;
 
-/// What [`MultiLockBuilder::take_in_order`] took: the guards by name, their liveness flags,
-/// and the index of the first guard of the last step.
-type InOrder = (Vec<(String, LockGuard)>, Vec<Live>, usize);
+/// What [`MultiLockBuilder::take_in_order`] took: the guards by name, and their liveness
+/// flags.
+type InOrder = (Vec<(String, LockGuard)>, Vec<Live>);
 
 /// One of the names, with its keys and group.
 struct Named {

@@ -322,6 +322,30 @@ impl GroupMachine {
     }
 }
 
+/// How much shorter than the freshest a name's lease may be and still count as fresh in
+/// [`run_down`]: the time between two reads of the local clock, with room to spare.
+pub(crate) const FRESH_SLACK: Duration = Duration::from_millis(1);
+
+/// Without renewal, the names of a lock over several names (all groups, in order) whose
+/// leases ran down while later names were taken: the indexes of those to extend to the
+/// ttl before the lock is returned. `left`: each name's lease left by the local clock (a
+/// lost or ended lease is zero), read one after the other just now.
+///
+/// A name is run down when its lease is shorter, by more than [`FRESH_SLACK`], than the
+/// freshest name's (at most what a lease of `ttl` just taken has left by the local clock),
+/// or is over. So every name is returned with as much lease as the names the last step
+/// took (a name taken alone while its group was waited for, or a whole earlier step, is
+/// extended), and a lock whose names were all taken at once extends none.
+pub(crate) fn run_down(left: &[Duration], ttl: Duration) -> Vec<usize> {
+    let fresh = ttl.saturating_sub(crate::core::lease::drift(ttl));
+    let freshest = left.iter().copied().max().unwrap_or_default().min(fresh);
+    left.iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_zero() || **l + FRESH_SLACK < freshest)
+        .map(|(i, _)| i)
+        .collect()
+}
+
 fn cancelled_error() -> Error {
     Error::new(ErrorKind::Cancelled, "the wait was cancelled")
 }
@@ -329,6 +353,37 @@ fn cancelled_error() -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn run_down_leaves_names_taken_together_alone() {
+        assert!(run_down(&[ms(995), ms(995), ms(995)], ms(1000)).is_empty());
+        // Read one after the other: a fraction of a millisecond apart is the same lease.
+        assert!(run_down(&[ms(995), Duration::from_micros(995_400)], ms(1000)).is_empty());
+        assert!(run_down(&[], ms(1000)).is_empty());
+    }
+
+    #[test]
+    fn run_down_names_every_lease_shorter_than_the_freshest() {
+        // An earlier step, and a name taken alone inside the last group.
+        assert_eq!(
+            run_down(&[ms(400), ms(990), ms(12), ms(995)], ms(1000)),
+            vec![0, 2]
+        );
+        // A lease over is run down, whatever the others.
+        assert_eq!(run_down(&[ms(0), ms(0)], ms(1000)), vec![0, 1]);
+    }
+
+    #[test]
+    fn run_down_measures_against_the_ttl_when_a_lease_was_kept_longer() {
+        // A repeated attempt never shortens a lease: 1,500 ms left of a 1 s ttl is not
+        // the measure for the others, a fresh lease of 1 s (less its drift allowance) is.
+        assert!(run_down(&[ms(1500), ms(987), ms(987)], ms(1000)).is_empty());
+        assert_eq!(run_down(&[ms(1500), ms(700)], ms(1000)), vec![1]);
+    }
 
     fn machine(n: usize, wait: Wait) -> GroupMachine {
         let mut next = 0;

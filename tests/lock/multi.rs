@@ -924,3 +924,133 @@ fn without_renewal_every_name_is_held_for_its_ttl_when_the_lock_is_returned() {
     }
     all.release().unwrap();
 }
+
+/// One server: "ra:a" is taken alone while "ra:b" is waited for, and "ra:b" is freed when
+/// "ra:a" has about 12 ms left on the server (less than its drift allowance: by the local
+/// clock it is over). The last script finds "ra:a" still there; before the lock is
+/// returned, "ra:a" gets its ttl again.
+#[test]
+fn without_renewal_a_name_taken_alone_before_the_last_script_is_extended() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let other = Client::open(&server.url()).unwrap();
+    let ttl = Duration::from_secs(2);
+    let on_a = other.lock("ra:a").try_acquire().unwrap();
+    let on_b = other.lock("ra:b").try_acquire().unwrap();
+    let a_token = on_a.token().to_owned();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            client
+                .lock_all(&["ra:a", "ra:b"])
+                .ttl(ttl)
+                .renew(false)
+                .acquire_timeout(Duration::from_secs(20))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    on_a.release().unwrap();
+    assert!(eventually(Duration::from_secs(5), || server
+        .get("ra:a")
+        .is_some_and(|t| t != a_token)));
+    loop {
+        let left = server.pttl("ra:a");
+        if left <= 12 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(if left > 100 {
+            left as u64 - 80
+        } else {
+            1
+        }));
+    }
+    on_b.release().unwrap();
+    let all = waiter.join().unwrap().expect("both names in the end");
+    for name in ["ra:a", "ra:b"] {
+        let guard = all.guard(name).unwrap();
+        assert!(
+            guard.is_held() && guard.remaining() > ttl / 2 && server.pttl(name) > 1000,
+            "{name}: is_held {}, remaining {:?}, PTTL {} ms",
+            guard.is_held(),
+            guard.remaining(),
+            server.pttl(name)
+        );
+    }
+    all.release().unwrap();
+}
+
+/// Cluster, names of two slots: "{a}x" (the first step), "{t}a" and "{t}b" (the last step,
+/// one slot). "{t}a" is taken alone while "{t}b" is waited for, for three quarters of the
+/// ttl: it is extended before the lock is returned, as "{a}x" is.
+#[test]
+fn without_renewal_on_a_cluster_a_name_of_the_last_slot_taken_alone_is_extended() {
+    use crate::support::deploy::LocalCluster;
+    let cluster = LocalCluster::start(3, 0);
+    cluster.wait_until_ok(Duration::from_secs(30));
+    assert!(redlease::key_slot(b"a") < redlease::key_slot(b"t"));
+    let client = Client::open(&cluster.url()).unwrap();
+    let other = Client::open(&cluster.url()).unwrap();
+    let ttl = Duration::from_millis(1500);
+    let on_a = other.lock("{t}a").try_acquire().unwrap();
+    let on_b = other.lock("{t}b").try_acquire().unwrap();
+    let a_token = on_a.token().to_owned();
+    let node = cluster.primary_of(redlease::key_slot(b"t"));
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            client
+                .lock_all(&["{a}x", "{t}a", "{t}b"])
+                .ttl(ttl)
+                .renew(false)
+                .acquire_timeout(Duration::from_secs(20))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    on_a.release().unwrap();
+    assert!(eventually(Duration::from_secs(5), || node
+        .get("{t}a")
+        .is_some_and(|t| t != a_token)));
+    std::thread::sleep(ttl * 3 / 4);
+    on_b.release().unwrap();
+    let all = waiter.join().unwrap().expect("every name in the end");
+    for name in ["{a}x", "{t}a", "{t}b"] {
+        let left = all.guard(name).unwrap().remaining();
+        assert!(
+            left > ttl / 2,
+            "{name}: returned with {left:?} of {ttl:?} left"
+        );
+    }
+    all.release().unwrap();
+}
+
+/// Without renewal, a ttl shorter than taking the names takes: a try ends `Busy`, nothing
+/// held, and a wait ends `Busy` when it is over (starting again, paused, in between).
+#[test]
+fn without_renewal_a_ttl_shorter_than_the_steps_ends_busy_holding_nothing() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let client = Client::redlock(&urls, redlease::ClientOptions::default()).unwrap();
+    let names: Vec<String> = (0..400).map(|i| format!("short:{i:03}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    // Redlock takes one name a round: 400 rounds take far longer than 20 ms.
+    let ttl = Duration::from_millis(20);
+    let tried = client.lock_all(&names).ttl(ttl).renew(false).try_acquire();
+    assert_eq!(tried.err().map(|e| e.kind()), Some(ErrorKind::Busy));
+    let started = Instant::now();
+    let waited = client
+        .lock_all(&names)
+        .ttl(ttl)
+        .renew(false)
+        .acquire_timeout(Duration::from_millis(500));
+    assert_eq!(waited.err().map(|e| e.kind()), Some(ErrorKind::Busy));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let held = |server: &RedisServer| server.cmd::<Vec<String>>(&["KEYS", "short:*"]).len();
+    for server in &servers {
+        assert!(
+            eventually(Duration::from_secs(2), || held(server) == 0),
+            "names left held: {}",
+            held(server)
+        );
+    }
+}
