@@ -35,7 +35,7 @@ use crate::{stats, token};
 
 /// The first pause before a lock over several names, without renewal, starts again (see
 /// [`MultiLockBuilder::acquire_until`]); it doubles up to the ttl.
-const RESTART_PAUSE: Duration = Duration::from_millis(10);
+pub(crate) const RESTART_PAUSE: Duration = Duration::from_millis(10);
 
 /// The most names one [`crate::Client::lock_all`] takes.
 pub const MAX_NAMES: usize = 1024;

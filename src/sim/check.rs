@@ -63,6 +63,17 @@ pub(crate) struct Checker {
     bounds: crate::core::acquire::Bounds,
     /// Lock operations done (acquires, extends, releases), for the soak's count.
     pub ops: u64,
+    /// How often the run-down paths of locks over several names without renewal ran.
+    pub keeps: Keeps,
+}
+
+/// How often locks over several names, without renewal, extended a run-down name, started
+/// again after one was lost, or gave up (the wait over, cancelled, an extend that failed).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Keeps {
+    pub extended: u64,
+    pub started_again: u64,
+    pub given_up: u64,
 }
 
 impl Checker {
@@ -77,6 +88,7 @@ impl Checker {
                 io: cfg.io_timeout,
             },
             ops: 0,
+            keeps: Keeps::default(),
         }
     }
 
@@ -239,22 +251,29 @@ impl Checker {
 
     /// A lock over several names waiting as `wait` took `took` by its caller's clock
     /// (which read `started` when it began): its last wait for one name ends within the
-    /// wait plus one request's bounds and a block's lateness, and one more attempt follows.
+    /// wait plus one request's bounds and a block's lateness, and one more attempt follows;
+    /// without renewal, its last pass's `extends` of run-down names each add one more.
     pub fn group_took(
         &mut self,
         now: Micros,
         wait: Wait,
         started: std::time::Instant,
         took: Duration,
+        extends: u32,
         paused: bool,
     ) {
         self.ops += 1;
         let b = self.bounds;
         let request = b.pool_wait + b.connect + b.io;
+        // Without renewal, the last pass extended its run-down names one after the other.
+        let extending = extends * request;
         let bound = match wait {
-            Wait::No => request,
+            Wait::No => request + extending,
             Wait::Until(deadline) => {
-                deadline.saturating_duration_since(started) + 2 * request + BLOCK_LATENESS
+                deadline.saturating_duration_since(started)
+                    + 2 * request
+                    + extending
+                    + BLOCK_LATENESS
             }
             Wait::Forever => return,
         };

@@ -86,6 +86,9 @@ pub(crate) enum Op {
     /// Taking several mutexes all or none (`Client::lock_all`): a group attempt in flight
     /// (a wait for one of its names alone is an [`Op::Acquiring`] carrying the group).
     Grouping(Box<Grouping>),
+    /// A lock over several names taken without renewal: its run-down names extended one
+    /// after the other before it is held, or a pause before it starts again.
+    Keeping(Box<Keeping>),
     Done,
 }
 
@@ -111,6 +114,26 @@ pub(crate) struct Grouping {
     /// Pausing after a failure, until its wake.
     pub sleeping: bool,
     pub cancelled: bool,
+    /// The pause before it starts again after a run-down name was lost (as the runtime's
+    /// `RESTART_PAUSE`, doubling up to the ttl).
+    pub restart_pause: Duration,
+}
+
+/// A lock over several names, every name held, without renewal: the names whose leases
+/// ran down (`core::group::run_down`) are extended, first to last, before it is returned;
+/// one found lost sends every name back and the lock starts again after a pause.
+pub(crate) struct Keeping {
+    pub group: Box<Grouping>,
+    /// Every name's lease and token, in the order of the names.
+    pub held: Vec<(LeaseId, String)>,
+    /// The indexes (into `held`) still to extend, the next first.
+    pub run_down: Vec<usize>,
+    /// How many extends this pass sent, for the bound of the whole acquire.
+    pub extends: u32,
+    /// The extend in flight, and when it was attempted.
+    pub pending: Option<(Request, Instant)>,
+    /// Pausing before it starts again, until its wake.
+    pub sleeping: bool,
 }
 
 /// An adopt in flight: the check of a mutex held under `token`, sent at `sent_at`.
@@ -143,6 +166,16 @@ impl Op {
             ),
             Op::Adopting(a) => format!("adopting name {} under {}", a.name, a.token),
             Op::Grouping(g) => format!("taking names {:?} at once ({:?})", g.names, g.pending),
+            Op::Keeping(k) => format!(
+                "keeping names {:?}: {} to extend, {}",
+                k.group.names,
+                k.run_down.len(),
+                match (&k.pending, k.sleeping) {
+                    (Some((request, _)), _) => format!("an extend {}", request.describe()),
+                    (None, true) => "a pause before it starts again".to_owned(),
+                    (None, false) => "nothing".to_owned(),
+                }
+            ),
             Op::Holding(h) => format!("holding lease {}", h.lease),
             Op::Extending(h, _, _) => format!("extending lease {}", h.lease),
             Op::Releasing(h, stage, _) => format!(

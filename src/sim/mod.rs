@@ -73,6 +73,8 @@ pub(crate) struct Ran {
     pub ops: u64,
     /// Virtual time it took, µs.
     pub took: config::Micros,
+    /// How often the run-down paths of locks over several names ran.
+    pub keeps: check::Keeps,
     /// The trace, when asked for (empty otherwise).
     pub trace: String,
 }
@@ -84,6 +86,7 @@ pub(crate) fn run(seed: u64, traced: bool) -> Result<Ran, String> {
         Ok(()) => Ok(Ran {
             ops: world.check.ops,
             took: world.now,
+            keeps: world.check.keeps,
             trace: if traced {
                 world.trace.render()
             } else {
@@ -141,8 +144,20 @@ mod tests {
         let seeds = (10_000u64..)
             .filter(|seed| world::groups_of(*seed, &config::Config::from_seed(*seed)).0)
             .take(GROUP_SEEDS);
-        let ops: u64 = seeds.map(|seed| check_seed(seed).ops).sum();
-        eprintln!("{GROUP_SEEDS} seeds with groups, {ops} lock operations");
+        let (mut ops, mut keeps) = (0, check::Keeps::default());
+        for seed in seeds {
+            let ran = check_seed(seed);
+            ops += ran.ops;
+            keeps.extended += ran.keeps.extended;
+            keeps.started_again += ran.keeps.started_again;
+            keeps.given_up += ran.keeps.given_up;
+        }
+        eprintln!("{GROUP_SEEDS} seeds with groups, {ops} lock operations, {keeps:?}");
+        // Without renewal, every path of the run-down names ran.
+        assert!(
+            keeps.extended > 0 && keeps.started_again > 0 && keeps.given_up > 0,
+            "{keeps:?}"
+        );
     }
 
     /// The seeds that once found a defect keep every promise.

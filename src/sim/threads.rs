@@ -92,6 +92,7 @@ impl World {
             Op::Idle => self.start_op(client, task),
             Op::Holding(holding) => self.hold_ends(client, task, holding),
             Op::Grouping(group) if group.sleeping => self.group_wakes(client, task, group),
+            Op::Keeping(keeping) if keeping.sleeping => self.group_restarts(client, task, *keeping),
             Op::Acquiring(mut acq) if matches!(acq.pending, Pending::Sleep) => {
                 acq.pending = Pending::Nothing;
                 self.step(client, task, acq, Event::Paused(Ok(())));
@@ -102,7 +103,7 @@ impl World {
 
     /// The caller of a waiting acquire cancels it.
     pub(crate) fn cancel(&mut self, client: usize, task: TaskId) {
-        if matches!(self.op(client, task), Op::Grouping(_)) {
+        if matches!(self.op(client, task), Op::Grouping(_) | Op::Keeping(_)) {
             return self.cancel_group(client, task);
         }
         if !matches!(self.op(client, task), Op::Acquiring(_)) {
@@ -478,6 +479,30 @@ impl World {
     }
 
     /// Whether `request` is the one that `id` answers (a round's member, or itself).
+    /// What an extend's `request` came to, once `answer` (to `id`) completes it: at once
+    /// for one server, after the last member's answer for a Redlock round.
+    fn extend_answered(
+        request: &mut Request,
+        id: ReqId,
+        answer: Answered,
+        replicas: Option<Replicas>,
+    ) -> Option<ExtendOutcome> {
+        match request {
+            Request::One(_) => Some(extend_outcome(answer, replicas)),
+            Request::Round(_) => {
+                Self::round_answer(request, id, answer).map(|round| match extend_verdict(&round) {
+                    Ok(reply) => ExtendOutcome::Replied {
+                        reply,
+                        sent_at: round.started,
+                    },
+                    Err(e) => ExtendOutcome::Failed {
+                        unknown: e.outcome_unknown(),
+                    },
+                })
+            }
+        }
+    }
+
     fn answers(request: &Request, id: ReqId) -> bool {
         match request {
             Request::One(one) => *one == id,
@@ -578,23 +603,7 @@ impl World {
                 started,
             ) if Self::answers(&request, id) => {
                 let replicas = self.clients[client].leases[holding.lease].replicas;
-                let outcome = match &mut request {
-                    Request::One(_) => Some(extend_outcome(answer, replicas)),
-                    Request::Round(_) => {
-                        Self::round_answer(&mut request, id, answer).map(|round| {
-                            match extend_verdict(&round) {
-                                Ok(reply) => ExtendOutcome::Replied {
-                                    reply,
-                                    sent_at: round.started,
-                                },
-                                Err(e) => ExtendOutcome::Failed {
-                                    unknown: e.outcome_unknown(),
-                                },
-                            }
-                        })
-                    }
-                };
-                match outcome {
+                match Self::extend_answered(&mut request, id, answer, replicas) {
                     Some(outcome) => {
                         self.extended(client, task, holding, attempt_at, ttl, outcome, started)
                     }
@@ -644,6 +653,14 @@ impl World {
             }
             Op::Grouping(group) if group.pending.as_ref().is_some_and(|(r, _)| *r == id) => {
                 self.group_answered(client, task, group, times, answer)
+            }
+            Op::Keeping(keeping)
+                if keeping
+                    .pending
+                    .as_ref()
+                    .is_some_and(|(r, _)| Self::answers(r, id)) =>
+            {
+                self.keep_answered(client, task, keeping, id, answer)
             }
             op => *self.op(client, task) = op,
         }

@@ -3,25 +3,32 @@
 //! acquire-all script, whose waits for one name are ordinary acquires (an
 //! [`Op::Acquiring`] that carries the group), and whose give-backs go out in the
 //! background. The names it holds are leases of their own, renewed and released as any
-//! other; the checker sees each as a holder of its name.
+//! other; the checker sees each as a holder of its name. Without renewal, the names whose
+//! leases ran down are extended one after the other before the lock is held
+//! ([`crate::core::group::run_down`]); one found lost sends every name back, and the lock
+//! starts again after a pause while its wait lasts, as the runtime does.
 //!
 //! Two liberties, both giving more interleavings than the runtime has, not fewer: a name
-//! taken alone that the machine gives back is released in the background (the runtime
-//! waits for that release), and the names of a held group are released one after the other
-//! by the thread after its critical section (the runtime too, last taken first).
+//! taken alone that the machine gives back, or every name of a lock that starts again, is
+//! released in the background (the runtime waits for those releases), and the names of a
+//! held group are released one after the other by the thread after its critical section
+//! (the runtime too, last taken first).
 
 use std::time::Duration;
 
 use crate::core::acquire::{AcquireSpec, Event};
 use crate::core::backoff::Wait;
-use crate::core::group::{GroupAction, GroupEvent, GroupGrant, GroupMachine, GroupSpec};
-use crate::core::lease::LeaseClock;
+use crate::core::group::{self, GroupAction, GroupEvent, GroupGrant, GroupMachine, GroupSpec};
+use crate::core::lease::{ExtendVerdict, LeaseClock};
 use crate::core::reply::{self, Answer, GroupReply};
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
+use crate::multi::RESTART_PAUSE;
 use crate::protocol::calls;
-use crate::sim::client::{Acquiring, Grouping, Holding, LeaseId, NewLease, Op, Pending, TaskId};
+use crate::sim::client::{
+    Acquiring, Grouping, Holding, Keeping, LeaseId, NewLease, Op, Pending, ReqId, TaskId,
+};
 use crate::sim::config::{Micros, micros};
 use crate::sim::threads::{Answered, args};
 use crate::sim::trace::short;
@@ -69,6 +76,34 @@ impl World {
             let after = self.group_rng.u64(0..2_000_000);
             self.at(self.now + after, WorldEvent::Cancel { client, task });
         }
+        let machine = self.group_machine(client, &names, wait);
+        self.trace.line(self.now, || {
+            format!(
+                "c{client}/t{task} takes {names:?} at once for {ttl:?}, {wait:?}, renew {renew}"
+            )
+        });
+        let group = Box::new(Grouping {
+            alone: vec![None; names.len()],
+            names,
+            machine,
+            ttl,
+            renew,
+            wait,
+            started: now,
+            pauses: self.clients[client].pauses,
+            pending: None,
+            waiting_for: 0,
+            ran_at: 0,
+            sleeping: false,
+            cancelled: false,
+            restart_pause: RESTART_PAUSE,
+        });
+        self.group_step(client, task, group, GroupEvent::Start);
+    }
+
+    /// A fresh machine for taking `names` (the run's mutexes, in order) at once, drawing
+    /// tokens of its own.
+    fn group_machine(&mut self, client: usize, names: &[usize], wait: Wait) -> GroupMachine {
         let label = format!("c{client}");
         let stream = self.group_rng.u64(..) % 1_000_000;
         let mut drawn = 0u64;
@@ -82,28 +117,7 @@ impl World {
             io: self.cfg.io_timeout,
             grace: self.grace(),
         };
-        self.trace.line(self.now, || {
-            format!(
-                "c{client}/t{task} takes {:?} at once for {ttl:?}, {wait:?}, renew {renew}",
-                spec.keys
-            )
-        });
-        let group = Box::new(Grouping {
-            alone: vec![None; names.len()],
-            names,
-            machine: GroupMachine::new(spec, tokens),
-            ttl,
-            renew,
-            wait,
-            started: now,
-            pauses: self.clients[client].pauses,
-            pending: None,
-            waiting_for: 0,
-            ran_at: 0,
-            sleeping: false,
-            cancelled: false,
-        });
-        self.group_step(client, task, group, GroupEvent::Start);
+        GroupMachine::new(spec, tokens)
     }
 
     /// Steps a group's machine with `event` and carries out what it decides.
@@ -235,10 +249,13 @@ impl World {
     /// The caller of a waiting group cancels it: the machine sees it at its next step (a
     /// wait alone in progress is an acquire, cancelled as any).
     pub(super) fn cancel_group(&mut self, client: usize, task: TaskId) {
-        if let Op::Grouping(group) = self.op(client, task) {
-            if group.wait != Wait::No {
-                group.cancelled = true;
-            }
+        let group = match self.op(client, task) {
+            Op::Grouping(group) => group,
+            Op::Keeping(keeping) => &mut keeping.group,
+            _ => return,
+        };
+        if group.wait != Wait::No {
+            group.cancelled = true;
         }
     }
 
@@ -284,7 +301,8 @@ impl World {
     }
 
     /// The group is over: every name held (leases for the names the last attempt took,
-    /// with those taken alone), or nothing.
+    /// with those taken alone), or nothing. Without renewal, the names whose leases ran
+    /// down are extended first, as the runtime's `MultiLockBuilder` does.
     fn group_done(
         &mut self,
         client: usize,
@@ -292,12 +310,7 @@ impl World {
         group: Box<Grouping>,
         result: Result<Vec<GroupGrant>>,
     ) {
-        let now = self.local(client);
-        let took = now.saturating_duration_since(group.started);
-        let paused = self.clients[client].pauses != group.pauses;
         let vnow = self.now;
-        self.check
-            .group_took(vnow, group.wait, group.started, took, paused);
         let grants = match result {
             Ok(grants) => grants,
             Err(e) => {
@@ -307,6 +320,7 @@ impl World {
                         group.names
                     )
                 });
+                self.group_ended(client, &group, 0);
                 return self.think(client, task);
             }
         };
@@ -342,6 +356,52 @@ impl World {
             };
             held.push((lease, self.clients[client].leases[lease].token.clone()));
         }
+        if !group.renew {
+            let now = self.local(client);
+            let left: Vec<Duration> = held
+                .iter()
+                .map(|(lease, _)| self.clients[client].leases[*lease].clock.remaining(now))
+                .collect();
+            let run_down = group::run_down(&left, group.ttl);
+            if !run_down.is_empty() {
+                self.trace.line(self.now, || {
+                    format!("c{client}/t{task} extends names {run_down:?} (left {left:?})")
+                });
+                let keeping = Box::new(Keeping {
+                    group,
+                    held,
+                    run_down,
+                    extends: 0,
+                    pending: None,
+                    sleeping: false,
+                });
+                return self.keep_next(client, task, keeping);
+            }
+        }
+        self.group_ended(client, &group, 0);
+        self.hold_group(client, task, &group, held);
+    }
+
+    /// The acquire of a lock over several names ends (held, or not): its time is checked
+    /// against its bound, `extends` (of its last pass) included.
+    fn group_ended(&mut self, client: usize, group: &Grouping, extends: u32) {
+        let now = self.local(client);
+        let took = now.saturating_duration_since(group.started);
+        let paused = self.clients[client].pauses != group.pauses;
+        let vnow = self.now;
+        self.check
+            .group_took(vnow, group.wait, group.started, took, extends, paused);
+    }
+
+    /// Every name of `group` is held (`held`, in the order of the names): the thread's
+    /// critical section.
+    fn hold_group(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        group: &Grouping,
+        mut held: Vec<(LeaseId, String)>,
+    ) {
         if self.trace.enabled {
             let line = format!(
                 "c{client}/t{task} holds {:?} at once (leases {:?})",
@@ -355,6 +415,7 @@ impl World {
         // Released last taken first, as `MultiGuard::release` does.
         held.reverse();
         let (lease, hold) = held.remove(0);
+        let now = self.local(client);
         let length = Duration::from_micros(self.rng.u64(0..=micros(group.ttl) * 3 / 2));
         let at = self.virtual_at(client, now + length);
         *self.op(client, task) = Op::Holding(Holding {
@@ -365,6 +426,139 @@ impl World {
             rest: held,
         });
         self.at(at, WorldEvent::Wake { client, task });
+    }
+
+    /// Extends the next run-down name of `keeping` (as `LockGuard::extend`: under its
+    /// lease's gate, cut off at its deadline), or holds them all when none is left.
+    fn keep_next(&mut self, client: usize, task: TaskId, mut keeping: Box<Keeping>) {
+        let Some(&i) = keeping.run_down.first() else {
+            self.group_ended(client, &keeping.group, keeping.extends);
+            let Keeping { group, held, .. } = *keeping;
+            return self.hold_group(client, task, &group, held);
+        };
+        let now = self.local(client);
+        let ttl = keeping.group.ttl;
+        let lease = keeping.held[i].0;
+        let l = &mut self.clients[client].leases[lease];
+        if let Err(reason) = l.clock.before_extend(now, ttl) {
+            let verdict = ExtendVerdict::Lost {
+                reason,
+                decided: false,
+            };
+            return self.not_kept(client, task, *keeping, verdict);
+        }
+        l.gate_busy = true;
+        let cutoff = l.clock.deadline();
+        let request = self.send_extend(client, Purpose::Task(task), lease, ttl, cutoff);
+        keeping.extends += 1;
+        keeping.pending = Some((request, now));
+        *self.op(client, task) = Op::Keeping(keeping);
+    }
+
+    /// An answer to the extend in flight of a lock over several names.
+    pub(super) fn keep_answered(
+        &mut self,
+        client: usize,
+        task: TaskId,
+        mut keeping: Box<Keeping>,
+        id: ReqId,
+        answer: Answered,
+    ) {
+        let (Some((mut request, attempt_at)), Some(&i)) =
+            (keeping.pending.take(), keeping.run_down.first())
+        else {
+            *self.op(client, task) = Op::Keeping(keeping);
+            return;
+        };
+        let lease = keeping.held[i].0;
+        let replicas = self.clients[client].leases[lease].replicas;
+        let Some(outcome) = Self::extend_answered(&mut request, id, answer, replicas) else {
+            keeping.pending = Some((request, attempt_at));
+            *self.op(client, task) = Op::Keeping(keeping);
+            return;
+        };
+        let now = self.local(client);
+        let ttl = keeping.group.ttl;
+        let verdict = self.clients[client].leases[lease]
+            .clock
+            .after_extend(ttl, attempt_at, outcome, now);
+        self.trace.line(self.now, || {
+            format!("c{client}/t{task} extends lease {lease}: {outcome:?} -> {verdict:?}")
+        });
+        self.free_gate(client, lease);
+        if let ExtendVerdict::Extended { .. } = verdict {
+            self.check.keeps.extended += 1;
+            keeping.run_down.remove(0);
+            return self.keep_next(client, task, keeping);
+        }
+        self.not_kept(client, task, *keeping, verdict)
+    }
+
+    /// A run-down name was not extended: every name goes back; the acquire starts again
+    /// after a pause if the name was lost and the wait goes on, and ends otherwise (busy,
+    /// cancelled, or with the extend's error).
+    fn not_kept(&mut self, client: usize, task: TaskId, keeping: Keeping, verdict: ExtendVerdict) {
+        let Keeping {
+            mut group,
+            held,
+            extends,
+            ..
+        } = keeping;
+        for (lease, _) in held {
+            self.release_in_background(client, lease);
+        }
+        let now = self.local(client);
+        let lost = matches!(verdict, ExtendVerdict::Lost { .. });
+        let over = group.wait.deadline(now).is_some_and(|end| end <= now);
+        if !lost || over || group.cancelled {
+            self.trace.line(self.now, || {
+                format!("c{client}/t{task} gives its names back and ends ({verdict:?})")
+            });
+            self.check.keeps.given_up += 1;
+            self.group_ended(client, &group, extends);
+            return self.think(client, task);
+        }
+        self.check.keeps.started_again += 1;
+        let pause = group.restart_pause;
+        let pause = group.wait.left(now).unwrap_or(pause).min(pause);
+        group.restart_pause = (group.restart_pause * 2).min(group.ttl).max(RESTART_PAUSE);
+        self.trace.line(self.now, || {
+            format!("c{client}/t{task} gives its names back, starts again in {pause:?}")
+        });
+        let at = self.virtual_at(client, now + pause);
+        self.at(at, WorldEvent::Wake { client, task });
+        *self.op(client, task) = Op::Keeping(Box::new(Keeping {
+            group,
+            held: Vec::new(),
+            run_down: Vec::new(),
+            extends,
+            pending: None,
+            sleeping: true,
+        }));
+    }
+
+    /// The pause before a lock over several names starts again ended: a fresh machine
+    /// takes every name again, under fresh tokens (or the acquire ends, cancelled).
+    pub(super) fn group_restarts(&mut self, client: usize, task: TaskId, keeping: Keeping) {
+        let Keeping {
+            mut group, extends, ..
+        } = keeping;
+        if group.cancelled {
+            self.trace.line(self.now, || {
+                format!("c{client}/t{task} is cancelled before it starts again")
+            });
+            self.group_ended(client, &group, extends);
+            return self.think(client, task);
+        }
+        group.machine = self.group_machine(client, &group.names, group.wait);
+        group.alone = vec![None; group.names.len()];
+        group.pending = None;
+        group.waiting_for = 0;
+        group.sleeping = false;
+        self.trace.line(self.now, || {
+            format!("c{client}/t{task} starts its group again")
+        });
+        self.group_step(client, task, group, GroupEvent::Start);
     }
 
     /// Releases a lease in the background: no hold relies on it from now on.
