@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redlease::{Client, ErrorKind, LostReason};
+use redlease::{Client, ErrorKind, LockGuard, LostReason};
 
 use crate::support::proxy::{Action, Proxy};
 use crate::support::{RedisServer, eventually};
@@ -20,6 +20,34 @@ fn cache_the_script(client: &Client, names: [&str; 2]) {
         .unwrap()
         .release()
         .unwrap();
+}
+
+/// `names` taken by `client` at once without renewal, in a thread of its own, waiting up
+/// to 20 s.
+fn lock_all_unrenewed(
+    client: &Client,
+    names: &'static [&'static str],
+    ttl: Duration,
+) -> std::thread::JoinHandle<redlease::Result<redlease::MultiGuard>> {
+    let client = client.clone();
+    std::thread::spawn(move || {
+        client
+            .lock_all(names)
+            .ttl(ttl)
+            .renew(false)
+            .acquire_timeout(Duration::from_secs(20))
+    })
+}
+
+/// Releases `guard` (of another client), on which a `lock_all` waits, and waits until
+/// `server` shows its key taken under another token: the waiter took it alone.
+fn hand_to_the_waiter(guard: LockGuard, server: &RedisServer) {
+    let (key, token) = (guard.key().to_owned(), guard.token().to_owned());
+    std::thread::sleep(Duration::from_millis(200));
+    guard.release().unwrap();
+    assert!(eventually(Duration::from_secs(5), || server
+        .get(&key)
+        .is_some_and(|t| t != token)));
 }
 
 #[test]
@@ -890,16 +918,7 @@ fn without_renewal_every_name_is_held_for_its_ttl_when_the_lock_is_returned() {
     let other = Client::redlock(&urls, redlease::ClientOptions::default()).unwrap();
     let on_b = other.lock("nr:b").try_acquire().unwrap();
     let ttl = Duration::from_millis(400);
-    let waiter = {
-        let client = client.clone();
-        std::thread::spawn(move || {
-            client
-                .lock_all(&["nr:a", "nr:b"])
-                .ttl(ttl)
-                .renew(false)
-                .acquire_timeout(Duration::from_secs(10))
-        })
-    };
+    let waiter = lock_all_unrenewed(&client, &["nr:a", "nr:b"], ttl);
     // The waiter takes nr:a, then waits for nr:b for three times nr:a's ttl.
     assert!(eventually(Duration::from_secs(5), || {
         servers[0].get("nr:a").is_some()
@@ -937,22 +956,8 @@ fn without_renewal_a_name_taken_alone_before_the_last_script_is_extended() {
     let ttl = Duration::from_secs(2);
     let on_a = other.lock("ra:a").try_acquire().unwrap();
     let on_b = other.lock("ra:b").try_acquire().unwrap();
-    let a_token = on_a.token().to_owned();
-    let waiter = {
-        let client = client.clone();
-        std::thread::spawn(move || {
-            client
-                .lock_all(&["ra:a", "ra:b"])
-                .ttl(ttl)
-                .renew(false)
-                .acquire_timeout(Duration::from_secs(20))
-        })
-    };
-    std::thread::sleep(Duration::from_millis(200));
-    on_a.release().unwrap();
-    assert!(eventually(Duration::from_secs(5), || server
-        .get("ra:a")
-        .is_some_and(|t| t != a_token)));
+    let waiter = lock_all_unrenewed(&client, &["ra:a", "ra:b"], ttl);
+    hand_to_the_waiter(on_a, &server);
     loop {
         let left = server.pttl("ra:a");
         if left <= 12 {
@@ -993,23 +998,9 @@ fn without_renewal_on_a_cluster_a_name_of_the_last_slot_taken_alone_is_extended(
     let ttl = Duration::from_millis(1500);
     let on_a = other.lock("{t}a").try_acquire().unwrap();
     let on_b = other.lock("{t}b").try_acquire().unwrap();
-    let a_token = on_a.token().to_owned();
     let node = cluster.primary_of(redlease::key_slot(b"t"));
-    let waiter = {
-        let client = client.clone();
-        std::thread::spawn(move || {
-            client
-                .lock_all(&["{a}x", "{t}a", "{t}b"])
-                .ttl(ttl)
-                .renew(false)
-                .acquire_timeout(Duration::from_secs(20))
-        })
-    };
-    std::thread::sleep(Duration::from_millis(200));
-    on_a.release().unwrap();
-    assert!(eventually(Duration::from_secs(5), || node
-        .get("{t}a")
-        .is_some_and(|t| t != a_token)));
+    let waiter = lock_all_unrenewed(&client, &["{a}x", "{t}a", "{t}b"], ttl);
+    hand_to_the_waiter(on_a, node);
     std::thread::sleep(ttl * 3 / 4);
     on_b.release().unwrap();
     let all = waiter.join().unwrap().expect("every name in the end");
