@@ -75,9 +75,10 @@ impl<'a> MultiLockBuilder<'a> {
     /// Whether every name is renewed while held (default true).
     ///
     /// Without renewal, a name's lease runs down while later names are taken; before the
-    /// lock is returned, every name whose lease is shorter than the last step's by more than
-    /// a millisecond is extended to the ttl, so each name is returned with about a whole
-    /// ttl. If one ran out meanwhile (another client may have taken it), every name is
+    /// lock is returned, every name with less than the ttl left, less twice its drift
+    /// allowance (1 % + 2 ms), is extended to the ttl, one after the other. So each name
+    /// is returned with at least the ttl less twice the allowance and the time those
+    /// extends took (one request's each). If one ran out meanwhile (another client may have taken it), every name is
     /// given back and the acquire starts again after a pause (10 ms, doubling up to the
     /// ttl) while its wait lasts, then ends [`ErrorKind::Busy`]; an extend that fails
     /// otherwise (a timeout, a connection error) ends it with that error, nothing held. A
@@ -152,17 +153,19 @@ impl<'a> MultiLockBuilder<'a> {
                 let left: Vec<Duration> = guards.iter().map(|(_, g)| g.remaining()).collect();
                 group::run_down(&left, ttl).into_iter().find_map(|i| {
                     let (name, guard) = &guards[i];
-                    guard.extend(ttl).err().map(|e| (name.clone(), e))
+                    let failed = guard.extend(ttl).err();
+                    failed.map(|e| (name.clone(), e, guard.lost_reason()))
                 })
             };
-            let Some((name, e)) = lapsed else {
+            let Some((name, e, lost)) = lapsed else {
                 break (guards, lives);
             };
+            let took = pass.elapsed();
             give_back(guards);
             if e.kind() != ErrorKind::NotHeld {
                 return Err(e);
             }
-            let (now, took) = (Instant::now(), pass.elapsed());
+            let now = Instant::now();
             if took >= ttl && !warned {
                 warned = true;
                 log::warn!(
@@ -173,13 +176,20 @@ impl<'a> MultiLockBuilder<'a> {
                 );
             }
             if wait.deadline(now).is_some_and(|end| end <= now) {
+                let why = match lost {
+                    Some(LostReason::NotHeld) => format!(
+                        "its key no longer held this lock's token (another owner took it, \
+                         or it expired on the server) while the later names were taken \
+                         (in {took:?})"
+                    ),
+                    _ => format!(
+                        "its lease of {ttl:?}, without renewal, ended while the later names \
+                         were taken (in {took:?})"
+                    ),
+                };
                 return Err(Error::new(
                     ErrorKind::Busy,
-                    format!(
-                        "{name:?} was not kept while the later names were taken (taking \
-                         them took {took:?}; its lease of {ttl:?}, without renewal, ended \
-                         first): {e}"
-                    ),
+                    format!("{name:?} was not kept: {why}: {e}"),
                 ));
             }
             log::debug!("lock_all starts again: {name:?} was not kept ({e})");

@@ -322,26 +322,22 @@ impl GroupMachine {
     }
 }
 
-/// How much shorter than the freshest a name's lease may be and still count as fresh in
-/// [`run_down`]: the time between two reads of the local clock, with room to spare.
-pub(crate) const FRESH_SLACK: Duration = Duration::from_millis(1);
-
 /// Without renewal, the names of a lock over several names (all groups, in order) whose
 /// leases ran down while later names were taken: the indexes of those to extend to the
 /// ttl before the lock is returned. `left`: each name's lease left by the local clock (a
-/// lost or ended lease is zero), read one after the other just now.
+/// lost or ended lease is zero), read just now.
 ///
-/// A name is run down when its lease is shorter, by more than [`FRESH_SLACK`], than the
-/// freshest name's (at most what a lease of `ttl` just taken has left by the local clock),
-/// or is over. So every name is returned with as much lease as the names the last step
-/// took (a name taken alone while its group was waited for, or a whole earlier step, is
-/// extended), and a lock whose names were all taken at once extends none.
+/// A lease of `ttl` just taken has the ttl less its drift allowance left by the local
+/// clock ([`crate::core::lease::drift`]), less the round trip that took it. A name is run
+/// down when it has less than that by more than the drift allowance again (so a name
+/// taken one round trip ago is not, however long the ttl), or is over. Every name so has
+/// at least the ttl less twice the drift allowance when the extends begin, and keeps at
+/// least that less the time the extends take.
 pub(crate) fn run_down(left: &[Duration], ttl: Duration) -> Vec<usize> {
-    let fresh = ttl.saturating_sub(crate::core::lease::drift(ttl));
-    let freshest = left.iter().copied().max().unwrap_or_default().min(fresh);
+    let enough = ttl.saturating_sub(crate::core::lease::drift(ttl) * 2);
     left.iter()
         .enumerate()
-        .filter(|(_, l)| l.is_zero() || **l + FRESH_SLACK < freshest)
+        .filter(|(_, l)| l.is_zero() || **l < enough)
         .map(|(i, _)| i)
         .collect()
 }
@@ -359,30 +355,30 @@ mod tests {
     }
 
     #[test]
-    fn run_down_leaves_names_taken_together_alone() {
-        assert!(run_down(&[ms(995), ms(995), ms(995)], ms(1000)).is_empty());
-        // Read one after the other: a fraction of a millisecond apart is the same lease.
-        assert!(run_down(&[ms(995), Duration::from_micros(995_400)], ms(1000)).is_empty());
+    fn run_down_leaves_names_taken_a_round_trip_ago_alone() {
+        // A ttl of 1 s: 12 ms of drift allowance, so 976 ms is enough.
+        assert!(run_down(&[ms(985), ms(988), ms(976)], ms(1000)).is_empty());
         assert!(run_down(&[], ms(1000)).is_empty());
+        // 30 s: 302 ms of allowance; a name taken a few round trips before is fresh.
+        assert!(run_down(&[ms(29_690), ms(29_697)], ms(30_000)).is_empty());
+        // A repeated attempt never shortens a lease: more than the ttl is fresh too.
+        assert!(run_down(&[ms(1500), ms(988)], ms(1000)).is_empty());
     }
 
     #[test]
-    fn run_down_names_every_lease_shorter_than_the_freshest() {
+    fn run_down_names_every_lease_short_of_a_fresh_one_by_the_allowance() {
         // An earlier step, and a name taken alone inside the last group.
         assert_eq!(
-            run_down(&[ms(400), ms(990), ms(12), ms(995)], ms(1000)),
-            vec![0, 2]
+            run_down(&[ms(400), ms(988), ms(12), ms(975)], ms(1000)),
+            vec![0, 2, 3]
         );
+        // The last step run down too (its lease counted from a request that waited):
+        // the measure is the ttl, not the freshest name.
+        assert_eq!(run_down(&[ms(534), ms(535)], ms(750)), vec![0, 1]);
         // A lease over is run down, whatever the others.
-        assert_eq!(run_down(&[ms(0), ms(0)], ms(1000)), vec![0, 1]);
-    }
-
-    #[test]
-    fn run_down_measures_against_the_ttl_when_a_lease_was_kept_longer() {
-        // A repeated attempt never shortens a lease: 1,500 ms left of a 1 s ttl is not
-        // the measure for the others, a fresh lease of 1 s (less its drift allowance) is.
-        assert!(run_down(&[ms(1500), ms(987), ms(987)], ms(1000)).is_empty());
-        assert_eq!(run_down(&[ms(1500), ms(700)], ms(1000)), vec![1]);
+        assert_eq!(run_down(&[ms(0), ms(988)], ms(1000)), vec![0]);
+        // The shortest ttl, 10 ms: 2.1 ms of allowance, so 5.8 ms is enough.
+        assert_eq!(run_down(&[ms(0), ms(7), ms(5)], ms(10)), vec![0, 2]);
     }
 
     fn machine(n: usize, wait: Wait) -> GroupMachine {

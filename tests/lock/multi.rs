@@ -1045,3 +1045,77 @@ fn without_renewal_a_ttl_shorter_than_the_steps_ends_busy_holding_nothing() {
         );
     }
 }
+
+/// Cluster, two names of two slots; the later one is held by another client and freed
+/// 200 ms into the wait. The waiter's lease of it counts from the request that waited, so
+/// it is run down as much as the first name: both are extended before the lock is
+/// returned (with the freshest name as the measure, neither was).
+#[test]
+fn without_renewal_a_last_step_that_waited_is_extended_too() {
+    use crate::support::deploy::LocalCluster;
+    let cluster = LocalCluster::start(3, 0);
+    cluster.wait_until_ok(Duration::from_secs(30));
+    let client = Client::open(&cluster.url()).unwrap();
+    let other = Client::open(&cluster.url()).unwrap();
+    assert!(redlease::key_slot(b"a") < redlease::key_slot(b"t"));
+    let on_late = other.lock("{t}late").try_acquire().unwrap();
+    let ttl = Duration::from_millis(750);
+    let waiter = lock_all_unrenewed(&client, &["{a}early", "{t}late"], ttl);
+    let early_node = cluster.primary_of(redlease::key_slot(b"a"));
+    assert!(eventually(Duration::from_secs(5), || early_node
+        .get("{a}early")
+        .is_some()));
+    std::thread::sleep(Duration::from_millis(200));
+    on_late.release().unwrap();
+    let all = waiter.join().unwrap().expect("both names");
+    for name in ["{a}early", "{t}late"] {
+        let left = all.guard(name).unwrap().remaining();
+        assert!(
+            left > ttl * 8 / 10,
+            "{name}: returned with {left:?} of {ttl:?}"
+        );
+    }
+    assert!(early_node.pttl("{a}early") > 650);
+    all.release().unwrap();
+}
+
+/// Redlock behind a 3 ms reply delay, a ttl of 30 s: the first name, taken a round trip
+/// before the second, is not extended before the lock is returned (as many requests name
+/// it without renewal as with it).
+#[test]
+fn without_renewal_a_name_taken_a_round_trip_before_is_not_extended() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.port)).collect();
+    for proxy in &proxies {
+        proxy.set_reply_delay(Duration::from_millis(3));
+    }
+    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let client = Client::redlock(&urls, redlease::ClientOptions::default()).unwrap();
+    let ttl = Duration::from_secs(30);
+    // Every script cached first: each request below is the call itself.
+    let warm = client
+        .lock("rt:warm")
+        .ttl(ttl)
+        .renew(false)
+        .try_acquire()
+        .unwrap();
+    warm.extend(ttl).unwrap();
+    warm.release().unwrap();
+    let requests_naming_the_first = |renew: bool| {
+        proxies[0].clear_requests();
+        let all = client
+            .lock_all(&["rt:a", "rt:b"])
+            .ttl(ttl)
+            .renew(renew)
+            .try_acquire()
+            .unwrap();
+        let n = proxies[0].count_requests(b"rt:a");
+        all.release().unwrap();
+        n
+    };
+    let renewed = requests_naming_the_first(true);
+    for _ in 0..3 {
+        assert_eq!(requests_naming_the_first(false), renewed);
+    }
+}
