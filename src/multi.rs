@@ -33,10 +33,6 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, Mutex};
 use crate::{stats, token};
 
-/// The first pause before a lock over several names, without renewal, starts again (see
-/// [`MultiLockBuilder::acquire_until`]); it doubles up to the ttl.
-pub(crate) const RESTART_PAUSE: Duration = Duration::from_millis(10);
-
 /// The most names one [`crate::Client::lock_all`] takes.
 pub const MAX_NAMES: usize = 1024;
 
@@ -78,9 +74,10 @@ impl<'a> MultiLockBuilder<'a> {
     /// lock is returned, every name with less than the ttl left, less twice its drift
     /// allowance (1 % + 2 ms), is extended to the ttl, one after the other. So each name
     /// is returned with at least the ttl less twice the allowance and the time those
-    /// extends took (one request's each). If one ran out meanwhile (another client may have taken it), every name is
-    /// given back and the acquire starts again after a pause (10 ms, doubling up to the
-    /// ttl) while its wait lasts, then ends [`ErrorKind::Busy`]; an extend that fails
+    /// extends took (one request's each). If one ran out meanwhile (another client may
+    /// have taken it), every name is given back and the acquire starts again after a
+    /// pause (10 ms, doubling up to the ttl) while its wait lasts, then ends
+    /// [`ErrorKind::Busy`]; an extend that fails
     /// otherwise (a timeout, a connection error) ends it with that error, nothing held. A
     /// ttl shorter than taking every name takes can so never succeed: a warning is logged.
     pub fn renew(mut self, renew: bool) -> Self {
@@ -138,15 +135,15 @@ impl<'a> MultiLockBuilder<'a> {
         let hub = Arc::new(LossHub::default());
         // Between two starts: a ttl too short for the steps would otherwise have the
         // acquire take and give back its names as fast as the servers answer.
-        let mut pause = RESTART_PAUSE;
+        let mut pause = group::RESTART_PAUSE;
         let mut warned = false;
         let (guards, lives) = loop {
             let pass = Instant::now();
             let (guards, lives) = self.take_in_order(&order, ttl, wait, &hub)?;
-            // Without renewal, the leases of names taken before the last step ran down
-            // while later names were waited for: each gets its ttl again from now, as the
-            // last step's names have. One whose lease ran out (another client may have it
-            // now) makes the whole set go back and start again, within the wait.
+            // Without renewal, leases ran down while later names were taken (or counted
+            // from a request that waited): each such name gets its ttl again from now.
+            // One whose lease ran out (another client may have it now) makes the whole
+            // set go back and start again, within the wait.
             let lapsed = if self.renew {
                 None
             } else {
@@ -175,7 +172,7 @@ impl<'a> MultiLockBuilder<'a> {
                     order.len()
                 );
             }
-            if wait.deadline(now).is_some_and(|end| end <= now) {
+            let Some((this, next)) = group::start_again(wait, now, pause, ttl) else {
                 let why = match lost {
                     Some(LostReason::NotHeld) => format!(
                         "its key no longer held this lock's token (another owner took it, \
@@ -191,12 +188,11 @@ impl<'a> MultiLockBuilder<'a> {
                     ErrorKind::Busy,
                     format!("{name:?} was not kept: {why}: {e}"),
                 ));
-            }
-            log::debug!("lock_all starts again: {name:?} was not kept ({e})");
-            let left = wait.left(now).unwrap_or(pause);
+            };
+            log::debug!("lock_all starts again in {this:?}: {name:?} was not kept ({e})");
             let watch = Watch::waiting(self.cancel.clone(), None);
-            crate::connection::pause(pause.min(left), &watch)?;
-            pause = (pause * 2).min(ttl).max(RESTART_PAUSE);
+            crate::connection::pause(this, &watch)?;
+            pause = next;
         };
         // From here on a loss of any of these guards is the whole lock's. Losses before,
         // and any of a guard given back on the way (a name taken alone while a later one

@@ -342,6 +342,27 @@ pub(crate) fn run_down(left: &[Duration], ttl: Duration) -> Vec<usize> {
         .collect()
 }
 
+/// The first pause before a lock over several names, without renewal, starts again after
+/// one of its run-down names was lost; it doubles up to the ttl.
+pub(crate) const RESTART_PAUSE: Duration = Duration::from_millis(10);
+
+/// Whether a lock over several names, one of whose run-down names was lost at `now`,
+/// starts again: `None` once its wait is over (it ends busy); else how long it pauses
+/// first (`pause`, no longer than the wait left) and the pause after that (doubled, up to
+/// the ttl).
+pub(crate) fn start_again(
+    wait: Wait,
+    now: Instant,
+    pause: Duration,
+    ttl: Duration,
+) -> Option<(Duration, Duration)> {
+    if wait.deadline(now).is_some_and(|end| end <= now) {
+        return None;
+    }
+    let this = wait.left(now).map_or(pause, |left| left.min(pause));
+    Some((this, (pause * 2).min(ttl).max(RESTART_PAUSE)))
+}
+
 fn cancelled_error() -> Error {
     Error::new(ErrorKind::Cancelled, "the wait was cancelled")
 }
@@ -379,6 +400,30 @@ mod tests {
         assert_eq!(run_down(&[ms(0), ms(988)], ms(1000)), vec![0]);
         // The shortest ttl, 10 ms: 2.1 ms of allowance, so 5.8 ms is enough.
         assert_eq!(run_down(&[ms(0), ms(7), ms(5)], ms(10)), vec![0, 2]);
+    }
+
+    #[test]
+    fn start_again_pauses_within_the_wait_doubling_up_to_the_ttl() {
+        let now = Instant::now();
+        let ttl = ms(50);
+        assert_eq!(start_again(Wait::No, now, RESTART_PAUSE, ttl), None);
+        assert_eq!(start_again(Wait::Until(now), now, RESTART_PAUSE, ttl), None);
+        assert_eq!(
+            start_again(Wait::Forever, now, RESTART_PAUSE, ttl),
+            Some((ms(10), ms(20)))
+        );
+        assert_eq!(
+            start_again(Wait::Forever, now, ms(40), ttl),
+            Some((ms(40), ms(50)))
+        );
+        // No longer than the wait left.
+        let until = Wait::Until(now + ms(15));
+        assert_eq!(start_again(until, now, ms(40), ttl), Some((ms(15), ms(50))));
+        // A ttl under the first pause: the pause stays at the first.
+        assert_eq!(
+            start_again(Wait::Forever, now, RESTART_PAUSE, ms(5)),
+            Some((ms(10), ms(10)))
+        );
     }
 
     fn machine(n: usize, wait: Wait) -> GroupMachine {

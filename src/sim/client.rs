@@ -114,8 +114,8 @@ pub(crate) struct Grouping {
     /// Pausing after a failure, until its wake.
     pub sleeping: bool,
     pub cancelled: bool,
-    /// The pause before it starts again after a run-down name was lost (as the runtime's
-    /// `RESTART_PAUSE`, doubling up to the ttl).
+    /// The pause before it starts again after a run-down name was lost (as
+    /// `core::group::start_again` decides for the runtime too).
     pub restart_pause: Duration,
 }
 

@@ -24,7 +24,6 @@ use crate::core::reply::{self, Answer, GroupReply};
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
-use crate::multi::RESTART_PAUSE;
 use crate::protocol::calls;
 use crate::sim::client::{
     Acquiring, Grouping, Holding, Keeping, LeaseId, NewLease, Op, Pending, ReqId, TaskId,
@@ -96,7 +95,7 @@ impl World {
             ran_at: 0,
             sleeping: false,
             cancelled: false,
-            restart_pause: RESTART_PAUSE,
+            restart_pause: group::RESTART_PAUSE,
         });
         self.group_step(client, task, group, GroupEvent::Start);
     }
@@ -509,19 +508,17 @@ impl World {
         }
         let now = self.local(client);
         let lost = matches!(verdict, ExtendVerdict::Lost { .. });
-        let over = group.wait.deadline(now).is_some_and(|end| end <= now);
-        if !lost || over || group.cancelled {
+        let again = group::start_again(group.wait, now, group.restart_pause, group.ttl);
+        let Some((pause, next)) = again.filter(|_| lost && !group.cancelled) else {
             self.trace.line(self.now, || {
                 format!("c{client}/t{task} gives its names back and ends ({verdict:?})")
             });
             self.check.keeps.given_up += 1;
             self.group_ended(client, &group, extends);
             return self.think(client, task);
-        }
+        };
         self.check.keeps.started_again += 1;
-        let pause = group.restart_pause;
-        let pause = group.wait.left(now).unwrap_or(pause).min(pause);
-        group.restart_pause = (group.restart_pause * 2).min(group.ttl).max(RESTART_PAUSE);
+        group.restart_pause = next;
         self.trace.line(self.now, || {
             format!("c{client}/t{task} gives its names back, starts again in {pause:?}")
         });
