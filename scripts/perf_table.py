@@ -117,6 +117,8 @@ def main():
         ("W1 Redlock 3 / 5, cycle ÷ one server's", w1, "redlock_3_ratio_to_single_server", "{:.2f}"),
         ("", w1, "redlock_5_ratio_to_single_server", "{:.2f}"),
         ("W2 0 ms, acquisitions/s ÷ floor's", w2(0), "acquisitions_ratio_to_floor", "{:.2f}"),
+        ("W2 0 ms, fair floor's acquisitions/s ÷ floor's", w2(0), "fair_floor_acquisitions_ratio_to_floor", "{:.2f}"),
+        ("W2 0 ms, acquisitions/s ÷ fair floor's", w2(0), "acquisitions_ratio_to_fair_floor", "{:.2f}"),
         ("W2 0 ms, fairness", w2(0), "redlease.fairness_min_over_max", "{:.2f}"),
         ("W2 0 ms, server commands per acquisition", w2(0), "redlease.server_commands_per_acquisition", "{:.1f}"),
         ("W2 1 ms, acquisitions/s ÷ floor's", w2(1), "acquisitions_ratio_to_floor", "{:.2f}"),

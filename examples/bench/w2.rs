@@ -2,7 +2,9 @@
 //! Acquisitions/s, fairness (min/max acquisitions per thread), handoff latency, server
 //! commands per acquisition (from INFO commandstats, a script's own included), and CPU per acquisition
 //! of this process and of the server. The floor (threads polling `SET NX PX` every 1 ms)
-//! and the library alternate rep by rep. [`contend`] also runs the semaphore workload.
+//! and the library alternate rep by rep, and beside the library the fair floor
+//! ([`fair_floor`]: the least a lock that serves threads in order costs). [`contend`] also
+//! runs the semaphore workload.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
@@ -245,6 +247,154 @@ pub(crate) fn floor(bench: &Bench, cs: Duration) -> Contended {
     })
 }
 
+/// The fair floor's acquire: `SET NX PX`, then the next fencing token from the counter,
+/// written as the client's estimate came (as the library's single attempt does).
+const FAIR_ACQUIRE_LUA: &str = r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+redis.call('SET', KEYS[2], ARGV[3], 'PX', '604800000', 'GET')
+return 1
+";
+
+/// The fair floor's pass: while the key holds the releaser's token and no other process
+/// registered a waiter (the flag), the key goes to the next thread's token with a fencing
+/// token, in one script.
+const FAIR_PASS_LUA: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('EXISTS', KEYS[3]) == 1 then return 2 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[2], ARGV[4], 'PX', '604800000', 'GET')
+return 1
+";
+
+/// What a thread queued in the fair floor is told: the lock was passed to its token, or
+/// it takes the lock from the server itself.
+#[derive(Clone, Copy, PartialEq)]
+enum Turn {
+    Passed,
+    TakeIt,
+}
+
+#[derive(Default)]
+struct Slot {
+    turn: Mutex<Option<Turn>>,
+    ready: std::sync::Condvar,
+}
+
+/// The threads of the fair floor: whether one of them holds the lock, and who waits for
+/// it, in order.
+#[derive(Default)]
+struct FairQueue {
+    held: bool,
+    waiting: std::collections::VecDeque<(String, std::sync::Arc<Slot>)>,
+}
+
+fn state(q: &Mutex<FairQueue>) -> std::sync::MutexGuard<'_, FairQueue> {
+    q.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The fair floor, the least a fair lock costs: the threads of this process queue in
+/// memory, and a release that finds a thread queued passes the key to that thread's token
+/// with its fencing token in one script, then wakes it. One round trip and one thread
+/// wake-up per acquisition, the lock taken in the order the threads asked; no waiter of
+/// another process (none here) is served, no lease is renewed, no reply is lost.
+pub(crate) fn fair_floor(bench: &Bench, cs: Duration) -> Contended {
+    use std::sync::Arc;
+    let acquire = redis::Script::new(FAIR_ACQUIRE_LUA);
+    let pass = redis::Script::new(FAIR_PASS_LUA);
+    let release = redis::Script::new(RELEASE_LUA);
+    let queue = Arc::new(Mutex::new(FairQueue::default()));
+    let fence = Arc::new(AtomicU64::new(1));
+    let (key, fence_key, flag) = (
+        format!("{TAG}:w2fair"),
+        format!("{TAG}:w2fair:fence"),
+        format!("{TAG}:w2fair:flag"),
+    );
+    contend(bench, bench.cfg.threads, cs, |i| {
+        let mut conn = bench.conn();
+        let (acquire, pass, release) = (acquire.clone(), pass.clone(), release.clone());
+        let (queue, fence) = (queue.clone(), fence.clone());
+        let (key, fence_key, flag) = (key.clone(), fence_key.clone(), flag.clone());
+        let mut n = 0u64;
+        move |acquired: &mut dyn FnMut()| {
+            n += 1;
+            let token = format!("fair-{i}-{n}");
+            let queued = {
+                let mut q = state(&queue);
+                if q.held {
+                    let slot = Arc::new(Slot::default());
+                    q.waiting.push_back((token.clone(), slot.clone()));
+                    Some(slot)
+                } else {
+                    q.held = true;
+                    None
+                }
+            };
+            let turn = match queued {
+                Some(slot) => {
+                    let mut turn = slot.turn.lock().unwrap_or_else(|p| p.into_inner());
+                    while turn.is_none() {
+                        turn = slot.ready.wait(turn).unwrap_or_else(|p| p.into_inner());
+                    }
+                    turn.unwrap_or(Turn::TakeIt)
+                }
+                None => Turn::TakeIt,
+            };
+            if turn == Turn::TakeIt {
+                loop {
+                    let taken: i64 = acquire
+                        .key(&key)
+                        .key(&fence_key)
+                        .arg(&token)
+                        .arg(30000)
+                        .arg(fence.fetch_add(1, Ordering::Relaxed))
+                        .invoke(&mut conn)
+                        .expect("fair acquire");
+                    if taken == 1 {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            acquired();
+            let next = state(&queue).waiting.pop_front();
+            match next {
+                Some((next_token, slot)) => {
+                    let passed: i64 = pass
+                        .key(&key)
+                        .key(&fence_key)
+                        .key(&flag)
+                        .arg(&token)
+                        .arg(&next_token)
+                        .arg(30000)
+                        .arg(fence.fetch_add(1, Ordering::Relaxed))
+                        .invoke(&mut conn)
+                        .expect("fair pass");
+                    assert_eq!(passed, 1, "the fair floor's pass found the key changed");
+                    *slot.turn.lock().unwrap_or_else(|p| p.into_inner()) = Some(Turn::Passed);
+                    slot.ready.notify_one();
+                }
+                None => {
+                    let _: i64 = release
+                        .key(&key)
+                        .arg(&token)
+                        .invoke(&mut conn)
+                        .expect("fair release");
+                    // A thread that queued meanwhile takes the lock from the server.
+                    let mut q = state(&queue);
+                    match q.waiting.pop_front() {
+                        Some((_, slot)) => {
+                            *slot.turn.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(Turn::TakeIt);
+                            slot.ready.notify_one();
+                        }
+                        None => q.held = false,
+                    }
+                }
+            }
+        }
+    })
+}
+
 fn ours(bench: &Bench, client: &Client, cs: Duration) -> Contended {
     let name = format!("{TAG}:w2");
     contend(bench, bench.cfg.threads, cs, |_| {
@@ -264,11 +414,21 @@ pub(crate) fn run(bench: &Bench) {
     let round_trip = floor_us(bench) / 2.0;
     for &cs_ms in &bench.cfg.cs_ms {
         let cs = Duration::from_millis(cs_ms);
+        let (mut fairs, mut to_fair, mut fair_to_floor) = (Reps::default(), vec![], vec![]);
         let (floors, mine, ratios) = alternate(
             bench.cfg.reps,
             || floor(bench, cs),
-            || ours(bench, &client, cs),
+            || {
+                let fair = fair_floor(bench, cs);
+                let o = ours(bench, &client, cs);
+                to_fair.push(o.per_sec / fair.per_sec);
+                fairs.push(fair);
+                o
+            },
         );
+        for (fair, floor) in fairs.0.iter().zip(&floors.0) {
+            fair_to_floor.push(fair.per_sec / floor.per_sec);
+        }
         let p50 = mine.spread(|c| c.p50_us).median;
         println!(
             "{}",
@@ -283,6 +443,12 @@ pub(crate) fn run(bench: &Bench) {
                 .obj("floor_polling_1ms", floors.json())
                 .obj("redlease", mine.json())
                 .spread("acquisitions_ratio_to_floor", Spread::of(&ratios))
+                .obj("fair_floor_in_process_pass", fairs.json())
+                .spread(
+                    "fair_floor_acquisitions_ratio_to_floor",
+                    Spread::of(&fair_to_floor),
+                )
+                .spread("acquisitions_ratio_to_fair_floor", Spread::of(&to_fair))
                 .num("round_trip_us", round_trip)
                 .num("handoff_p50_in_round_trips", p50 / round_trip)
                 .int("keys_after", bench.key_count())
