@@ -1010,8 +1010,9 @@ int32_t lock_info_free(struct lock_info_t *list);
  * `holder` (the value `lock_inspect` showed), so a lock that changed hands is left alone.
  * The old holder finds its lock lost at its next renewal; its critical section may still
  * run: use it only for a holder known to be gone, and rely on fencing tokens. Blocking.
- * Errors: `LOCK_NOT_HELD` when the key no longer holds `holder` (nothing deleted), and as
- * `lock_inspect`.
+ * Breaks a mutex or a read-write lock's writer. Errors: `LOCK_NOT_HELD` when the key no
+ * longer holds `holder` (nothing deleted); `LOCK_ERR_ARGUMENT` for a counting semaphore
+ * (its permits end with their own leases; nothing deleted); and as `lock_inspect`.
  */
 int32_t lock_break(lock_client_t client, const char *name, const char *holder);
 

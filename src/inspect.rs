@@ -136,15 +136,32 @@ return {
 });
 
 /// `BREAK`: deletes the lock key if it still holds `expected` (what the operator was shown),
-/// and any grant pending on it and a reentrant lock's holds.
+/// and any grant pending on it and a reentrant lock's holds; for a read-write lock held by
+/// the writer `expected`, that writer's hold (and the key, when nothing else is left).
 ///
 /// - KEYS[1] lock, KEYS[2] grant, KEYS[3] reentrant holds
 /// - ARGV[1] expected value
-/// - Returns 1 when deleted, 0 when the key held something else (or nothing).
+/// - Returns 1 when deleted, 0 when the key held something else (or nothing, or only
+///   readers), -1 for a counting semaphore (nothing deleted).
 static BREAK: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'zset' then
+  return -1
+end
+if kind == 'hash' then
+  local writer = redis.call('HGET', KEYS[1], 'w')
+  if not writer or string.match(writer, '^%d+ (.*)$') ~= ARGV[1] then
+    return 0
+  end
+  redis.call('HDEL', KEYS[1], 'w')
+  if redis.call('HLEN', KEYS[1]) == 0 then
+    redis.call('DEL', KEYS[1])
+  end
+  return 1
+end
+if kind ~= 'string' or redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
@@ -266,15 +283,24 @@ impl Client {
     /// `holder` (the value the operator was shown by [`inspect`](Self::inspect)), so a
     /// lock that changed hands meanwhile is left alone. The old holder learns of it at its
     /// next renewal (its lock is lost). Its critical section may still be running: use
-    /// this only when the holder is known to be gone, and rely on fencing tokens.
+    /// this only when the holder is known to be gone, and rely on fencing tokens. Breaks a
+    /// mutex (reentrant or not) or a read-write lock's writer; a counting semaphore's
+    /// permits and a read-write lock's readers end with their own leases.
     ///
-    /// Errors: [`ErrorKind::NotHeld`] when the key no longer holds `holder`.
+    /// Errors: [`ErrorKind::NotHeld`] when the key no longer holds `holder` (a read-write
+    /// lock: has no writer, or another one); [`ErrorKind::InvalidArgument`] when `name` is
+    /// a counting semaphore (nothing deleted).
     pub fn break_lock(&self, name: &str, holder: &str) -> Result<()> {
         let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
         let call = Call::script(&BREAK, &[&keys.lock, &keys.grant, &keys.holds], &[&holder]);
         let value = self.run_inspecting(&keys.lock, &[call])?;
         match reply::<i64>(value)? {
             1 => Ok(()),
+            -1 => Err(Error::invalid(format!(
+                "lock {:?} is a counting semaphore: its permits cannot be broken, each ends \
+                 with its own lease",
+                keys.lock
+            ))),
             _ => Err(Error::new(
                 ErrorKind::NotHeld,
                 format!(

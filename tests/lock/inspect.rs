@@ -92,3 +92,34 @@ fn keys_that_are_not_locks_are_named_as_such() {
     let err = client.inspect("huge").unwrap_err();
     assert!(err.to_string().contains("100001 fields"), "{err}");
 }
+
+/// A read-write lock's writer is broken as a mutex is (its hold deleted, checked against
+/// the token shown); a reader-held lock has no holder to break, and a semaphore's permits
+/// are refused by name: nothing of either is deleted.
+#[test]
+fn a_writer_can_be_broken_but_not_readers_nor_a_semaphore() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let writer = client.rwlock("rw").write().try_acquire().unwrap();
+    let shown = client.inspect("rw").unwrap();
+    assert_eq!(shown.holder.as_deref(), Some(writer.token()));
+    let err = client.break_lock("rw", "someone-else").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    client.break_lock("rw", writer.token()).unwrap();
+    assert_eq!(client.inspect("rw").unwrap().held_as, None);
+    let next = client.rwlock("rw").write().try_acquire().unwrap();
+    assert_eq!(writer.release().unwrap_err().kind(), ErrorKind::NotHeld);
+    next.release().unwrap();
+
+    let reader = client.rwlock("rw").read().try_acquire().unwrap();
+    let err = client.break_lock("rw", reader.token()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert!(reader.is_held());
+    reader.release().unwrap();
+
+    let permit = client.semaphore("sem", 2).try_acquire().unwrap();
+    let err = client.break_lock("sem", permit.token()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("semaphore"), "{err}");
+    permit.release().unwrap();
+}

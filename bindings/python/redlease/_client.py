@@ -349,8 +349,10 @@ class Client:
         """Deletes the lock ``name`` held by someone else, only while its key still holds
         ``holder`` (what :meth:`inspect` showed). The old holder finds its lock lost at its
         next renewal, but its critical section may still run: use it only for a holder
-        known to be gone, and rely on fencing tokens. Raises :class:`LockNotHeldError` when
-        the key no longer holds ``holder`` (nothing deleted)."""
+        known to be gone, and rely on fencing tokens. Breaks a mutex or a read-write lock's
+        writer. Raises :class:`LockNotHeldError` when the key no longer holds ``holder``
+        (nothing deleted), :class:`InvalidArgumentError` for a counting semaphore (its
+        permits end with their own leases; nothing deleted)."""
         _inspect.break_lock(self.handle, name, holder)
 
     def check(self) -> "_inspect.ServerCheck":
