@@ -174,7 +174,21 @@ pub fn release(client: &Client, name: &str, json: bool) -> Outcome {
                 json_str(&info.key)
             ));
         }
-        warn(&format!("lock {name:?} is not held; nothing to release"));
+        let why = match &info.held_as {
+            Some(HeldAs::Semaphore { permits }) => format!(
+                "lock {name:?} is a counting semaphore with {} held: --force \
+                 breaks a mutex or a read-write lock's writer; each permit ends with its own \
+                 lease; nothing released",
+                plural(*permits, "permit")
+            ),
+            Some(HeldAs::ReadWrite { readers }) => format!(
+                "lock {name:?} is held by {}: --force breaks a mutex or a read-write lock's \
+                 writer; each read hold ends with its own lease; nothing released",
+                plural(*readers, "reader")
+            ),
+            _ => format!("lock {name:?} is not held; nothing to release"),
+        };
+        warn(&why);
         return Ok(exit::NOTHING_DONE);
     };
     let remaining = info.remaining.map_or_else(|| "no expiry".to_owned(), show);

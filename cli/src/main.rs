@@ -46,8 +46,9 @@ pub mod exit {
 const EXIT_CODES: &str = "\
 Exit status:
   0        success (run: the command's own status is passed through)
-  1        release --force: nothing deleted (the lock was free or changed hands);
-           extend, release --token: the lock is not held under that token
+  1        release --force: nothing deleted (the lock was free or changed hands, or
+           is a semaphore or held by readers); extend, release --token: the lock is
+           not held under that token
   64       usage: bad arguments, no URL (give --url or REDIS_URL), malformed URL or lock name
   69       Redis unreachable, timed out or answered with an error;
            check: also when the eviction policy can delete lock keys
@@ -58,7 +59,7 @@ Exit status:
   76       run: the lock was lost while the command ran (--lost-exit N to change)
   126/127  run: the command could not be executed / was not found
   128+N    run: the command was killed by signal N, or redlease was stopped by
-           signal N while waiting for the lock";
+           signal N while acquiring the lock";
 
 /// The exit statuses of `run`.
 const RUN_EXIT_CODES: &str = "\
@@ -72,7 +73,7 @@ Exit status:
   76       the lock was lost while the command ran (--lost-exit N to change)
   126/127  the command could not be executed / was not found
   128+N    the command was killed by signal N, or redlease was stopped by signal N
-           while waiting for the lock";
+           while acquiring the lock";
 
 /// The exit statuses of `status` and `list`.
 const SHOW_EXIT_CODES: &str = "\
@@ -87,7 +88,8 @@ Exit status:
 const RELEASE_EXIT_CODES: &str = "\
 Exit status:
   0   released
-  1   nothing deleted (the lock was free, or changed hands meanwhile)
+  1   nothing deleted (the lock was free, or changed hands meanwhile, or is a semaphore
+      or held by readers, whose holds end with their own leases)
   64  usage: without --force, bad arguments, no URL, malformed URL or lock name
   69  Redis unreachable, timed out or answered with an error
   70  internal error (a bug)

@@ -79,6 +79,17 @@ pub fn run(args: RunArgs, connect: impl FnOnce() -> Result<Client, Fail>) -> Out
     });
     let guard = match acquired {
         Ok(guard) => guard,
+        // A signal during a single attempt (which only its own timeouts end) counts once
+        // the attempt has: the run stops as if it had come during a wait.
+        Err(e) if e.kind() != ErrorKind::Cancelled && signals.stopped_by().is_some() => {
+            let signo = signals.stopped_by().unwrap_or(libc::SIGTERM);
+            warn(&format!(
+                "interrupted by SIG{} while acquiring lock {name:?} ({e}); not running the \
+                 command",
+                signals::name(signo)
+            ));
+            return Ok(128 + signo);
+        }
         Err(e) if e.kind() == ErrorKind::Busy => {
             if !args.quiet {
                 let held_by = client
@@ -121,6 +132,14 @@ pub fn run(args: RunArgs, connect: impl FnOnce() -> Result<Client, Fail>) -> Out
             guard.fencing_token(),
             duration::show(args.ttl),
             duration::show(args.ttl / 3)
+        ));
+    }
+    // Signals of the wait that did not stop it are not for the command, which does not
+    // exist yet (a stopping one is seen below: its flag is set before it is queued).
+    let dropped = signals.discard_pending();
+    if dropped > 0 && args.verbose {
+        warn(&format!(
+            "{dropped} signal(s) received while waiting dropped: the command had not started"
         ));
     }
     if let Some(signo) = signals.stopped_by() {

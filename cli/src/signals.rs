@@ -23,7 +23,7 @@ pub const FORWARDED: [i32; 6] = [
 ];
 
 /// Signals that, before the child runs, stop `redlease` (cancel the wait, or do not start
-/// the command).
+/// the command). The others (USR1, USR2) are dropped until the command runs.
 fn stops(signo: i32) -> bool {
     matches!(
         signo,
@@ -50,9 +50,21 @@ pub struct Signals {
     pub original_mask: libc::sigset_t,
 }
 
+/// Whether `signo` was ignored by whoever started `redlease` (`nohup`, a shell's
+/// background job): such a signal is left ignored, for `redlease` and for the command
+/// alike, as it would be without `redlease`.
+fn inherited_ignored(signo: i32) -> bool {
+    // SAFETY: sigaction with a null new action only reads the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signo, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
 impl Signals {
     /// Blocks [`FORWARDED`] in the calling thread (call it before any thread is started) and
-    /// starts the thread that receives them.
+    /// starts the thread that receives them. A signal ignored when `redlease` started is
+    /// left out: it stays ignored, and the command inherits it ignored.
     pub fn start() -> std::io::Result<Signals> {
         // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it, and
         // pthread_sigmask writes the previous mask into a valid sigset_t.
@@ -60,7 +72,9 @@ impl Signals {
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
             for signo in FORWARDED {
-                libc::sigaddset(&mut set, signo);
+                if !inherited_ignored(signo) {
+                    libc::sigaddset(&mut set, signo);
+                }
             }
             let mut original: libc::sigset_t = std::mem::zeroed();
             let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut original);
@@ -109,6 +123,12 @@ impl Signals {
             stop,
             original_mask,
         })
+    }
+
+    /// Drops the signals received so far that did not stop `redlease` (USR1, USR2): they
+    /// came before the command existed, and are not for it. Returns how many.
+    pub fn discard_pending(&self) -> usize {
+        self.received.try_iter().count()
     }
 
     /// The first signal that asked `redlease` to stop, if any.

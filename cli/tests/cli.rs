@@ -437,12 +437,7 @@ fn a_signal_stops_a_wait_promptly() {
     let waiter = Running::spawn(cmd(&[
         "run", "--url", &url, "--wait", "forever", "w", "sh", "-c", &script,
     ]));
-    assert!(
-        eventually(Duration::from_secs(5), || {
-            exec(&["status", "--url", &url, "w", "--json"]).json()[0]["waiters"] == 1
-        }),
-        "the waiter registered"
-    );
+    wait_for_waiter(&url, "w");
     let sent = Instant::now();
     waiter.signal(libc::SIGINT);
     let out = waiter.finish(Duration::from_secs(5));
@@ -455,6 +450,102 @@ fn a_signal_stops_a_wait_promptly() {
     assert!(out.one_line().contains("interrupted by SIGINT"), "{out:?}");
     assert!(!ran.exists(), "the command never ran");
     assert_eq!(holder.finish().code, Some(0));
+}
+
+/// A waiter registered on `name` (its first attempt found the lock held).
+fn wait_for_waiter(url: &str, name: &str) {
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            exec(&["status", "--url", url, name, "--json"]).json()[0]["waiters"] == 1
+        }),
+        "the waiter registered"
+    );
+}
+
+/// A USR1 or USR2 that comes while `run` waits is dropped, not kept for the command (which
+/// would die of it the moment it started, before it could set a handler).
+#[test]
+fn a_usr1_while_waiting_is_dropped_not_sent_to_the_command() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = Holder::start(&url, "u", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let script = format!("sleep 0.2; touch '{}'", ran.display());
+    let waiter = Running::spawn(cmd(&[
+        "run", "--url", &url, "--wait", "10s", "u", "--", "sh", "-c", &script,
+    ]));
+    wait_for_waiter(&url, "u");
+    waiter.signal(libc::SIGUSR1);
+    waiter.signal(libc::SIGUSR2);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(holder.finish().code, Some(0));
+    let out = waiter.finish(Duration::from_secs(10));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(ran.exists(), "the command ran to its end");
+}
+
+/// A signal ignored by whoever started `redlease` (`nohup` ignores SIGHUP) stays ignored:
+/// it neither stops a waiting run nor reaches the command.
+#[test]
+fn a_signal_ignored_by_the_caller_stays_ignored() {
+    use std::os::unix::process::CommandExt;
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = Holder::start(&url, "nohup", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let script = format!("sleep 0.2; touch '{}'", ran.display());
+    let mut waiting = cmd(&[
+        "run", "--url", &url, "--wait", "10s", "nohup", "--", "sh", "-c", &script,
+    ]);
+    // SAFETY: only signal(2) between fork and exec, as nohup does.
+    unsafe {
+        waiting.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let waiter = Running::spawn(waiting);
+    wait_for_waiter(&url, "nohup");
+    waiter.signal(libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(holder.finish().code, Some(0));
+    let out = waiter.finish(Duration::from_secs(10));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(ran.exists(), "the command ran to its end");
+}
+
+/// A signal during the one attempt of a run that does not wait (which only its timeouts
+/// end) stops the run once the attempt ends: 128+N, the command not run.
+#[test]
+fn a_signal_during_a_single_attempt_stops_the_run_when_it_ends() {
+    let server = RedisServer::start();
+    let url = server.url();
+    assert_eq!(exec(&["status", "--url", &url, "warm"]).code, Some(0));
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let script = format!("touch '{}'", ran.display());
+    server.pause();
+    let run = Running::spawn(cmd(&[
+        "run",
+        "--url",
+        &url,
+        "--timeout",
+        "1s",
+        "stalled",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]));
+    std::thread::sleep(Duration::from_millis(300));
+    run.signal(libc::SIGTERM);
+    let out = run.finish(Duration::from_secs(10));
+    server.resume();
+    assert_eq!(out.code, Some(143), "{out:?}");
+    assert!(out.one_line().contains("interrupted by SIGTERM"), "{out:?}");
+    assert!(!ran.exists(), "the command never ran");
 }
 
 /// The state letter of a process, None once it is gone.
@@ -690,6 +781,38 @@ fn status_list_and_release_outputs() {
     assert!(!exists(&server, "other"));
     drop(c);
     assert_eq!(a.finish().code, Some(0));
+}
+
+/// `release --force` breaks a read-write lock's writer as it breaks a mutex; a semaphore's
+/// permits and a lock's readers it names and leaves alone (exit 1, nothing deleted).
+#[test]
+fn release_force_breaks_a_writer_and_names_the_holds_it_leaves() {
+    let server = RedisServer::start();
+    let url = server.url();
+    for (extra, what) in [
+        (
+            &["--permits", "2"][..],
+            "counting semaphore with 1 permit held",
+        ),
+        (&["--shared"][..], "held by 1 reader"),
+    ] {
+        let holder = Holder::start(&url, "k", extra);
+        let out = exec(&["release", "--url", &url, "k", "--force"]);
+        assert_eq!(out.code, Some(1), "{out:?}");
+        assert!(out.one_line().contains(what), "{out:?}");
+        assert!(exists(&server, "k"), "nothing deleted");
+        assert_eq!(holder.finish().code, Some(0));
+    }
+    let writer = Holder::start(&url, "k", &["--exclusive"]);
+    let out = exec(&["release", "--url", &url, "k", "--force"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("released lock"), "{out:?}");
+    assert!(!exists(&server, "k"), "the writer's hold deleted");
+    // Its run finds the lock lost at its next renewal: SIGTERM to the command, exit 76.
+    let term = writer.path("term");
+    let out = writer.run.finish(Duration::from_secs(40));
+    assert_eq!(out.code, Some(76), "{out:?}");
+    assert!(term.exists(), "the command got SIGTERM");
 }
 
 #[test]
