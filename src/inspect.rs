@@ -29,7 +29,8 @@ pub struct LockInfo {
     pub remaining: Option<Duration>,
     /// The last fencing token handed out for this name, if any.
     pub fencing_token: Option<u64>,
-    /// Waiters registered now (their registrations not lapsed), each once. Past 10,000
+    /// Waiters registered now (their registrations not lapsed), each once, a read-write
+    /// lock's waiting readers included. Past 10,000
     /// registrations, registrations are counted instead: a waiter registered both to be
     /// woken and to be handed the lock may count twice then.
     pub waiters: u64,
@@ -60,7 +61,8 @@ pub enum HeldAs {
 
 /// `INSPECT`: a consistent view of a lock, of whatever kind holds the name.
 ///
-/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] queue, KEYS[4] reentrant holds
+/// - KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] queue, KEYS[4] reentrant holds,
+///   KEYS[5] a read-write lock's waiting readers
 /// - Returns `{holder or false, pttl, fence or false, live waiters, reentrant owner
 ///   or false, holds, kind, count}`: kind `mutex`, `semaphore` (count: live permits),
 ///   `rwlock` (holder: the live writer's token; count: live readers) or false (free).
@@ -75,14 +77,17 @@ local fence = redis.call('GET', KEYS[2])
 -- counts once; past 10,000 registrations they are counted, not read (the server must not
 -- be blocked on a huge queue).
 local waiters = redis.call('ZCOUNT', KEYS[3], now_ms, '+inf')
+  + redis.call('ZCOUNT', KEYS[5], now_ms, '+inf')
 if waiters <= 10000 then
   local seen = {}
   waiters = 0
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[3], now_ms, '+inf', 'BYSCORE')) do
-    local token = string.match(member, '^!%d+|(.+)$') or member
-    if not seen[token] then
-      seen[token] = true
-      waiters = waiters + 1
+  for _, queue in ipairs({KEYS[3], KEYS[5]}) do
+    for _, member in ipairs(redis.call('ZRANGE', queue, now_ms, '+inf', 'BYSCORE')) do
+      local token = string.match(member, '^!%d+|(.+)$') or member
+      if not seen[token] then
+        seen[token] = true
+        waiters = waiters + 1
+      end
     end
   end
 end
@@ -207,7 +212,13 @@ impl Client {
     fn inspect_keys(&self, keys: &LockKeys) -> Result<LockInfo> {
         let call = Call::script(
             &INSPECT,
-            &[&keys.lock, &keys.fence, &keys.queue, &keys.holds],
+            &[
+                &keys.lock,
+                &keys.fence,
+                &keys.queue,
+                &keys.holds,
+                &keys.readers,
+            ],
             &[],
         );
         let value = self.run_inspecting(&keys.lock, &[call])?;

@@ -94,8 +94,9 @@ fn keys_that_are_not_locks_are_named_as_such() {
 }
 
 /// A read-write lock's writer is broken as a mutex is (its hold deleted, checked against
-/// the token shown); a reader-held lock has no holder to break, and a semaphore's permits
-/// are refused by name: nothing of either is deleted.
+/// the token shown), and a reader waiting for it counts as a waiter; a reader-held lock
+/// has no holder to break, and a semaphore's permits are refused by name: nothing of
+/// either is deleted.
 #[test]
 fn a_writer_can_be_broken_but_not_readers_nor_a_semaphore() {
     let server = RedisServer::start();
@@ -103,9 +104,25 @@ fn a_writer_can_be_broken_but_not_readers_nor_a_semaphore() {
     let writer = client.rwlock("rw").write().try_acquire().unwrap();
     let shown = client.inspect("rw").unwrap();
     assert_eq!(shown.holder.as_deref(), Some(writer.token()));
+    // A reader waiting for the writer counts as a waiter.
+    let reading = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            client
+                .rwlock("rw")
+                .read()
+                .acquire_timeout(Duration::from_secs(20))
+                .map(drop)
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || {
+        client.inspect("rw").unwrap().waiters == 1
+    }));
     let err = client.break_lock("rw", "someone-else").unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
     client.break_lock("rw", writer.token()).unwrap();
+    // The waiting reader takes the broken lock.
+    reading.join().unwrap().unwrap();
     assert_eq!(client.inspect("rw").unwrap().held_as, None);
     let next = client.rwlock("rw").write().try_acquire().unwrap();
     assert_eq!(writer.release().unwrap_err().kind(), ErrorKind::NotHeld);
