@@ -170,8 +170,10 @@ impl<'a> LockBuilder<'a> {
     }
 
     /// Waits as long as it takes. Blocks the calling thread; returns early only on an error
-    /// (for example when Redis cannot be reached for longer than the I/O timeout plus
-    /// 0.5 s) or a cancellation. Refusals that pass (a Cluster slot migrating,
+    /// (for example when requests to Redis keep failing for longer than the I/O timeout
+    /// plus 0.5 s after the first failure: a server that stops answering is seen at the
+    /// end of the waiter's block plus one I/O timeout; see the README's bounds table) or a
+    /// cancellation. Refusals that pass (a Cluster slot migrating,
     /// `CLUSTERDOWN`, `LOADING`, `MASTERDOWN`) are waited out.
     pub fn acquire(self) -> Result<LockGuard> {
         self.acquire_with(Wait::Forever)

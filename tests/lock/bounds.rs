@@ -97,6 +97,46 @@ fn acquire_timeout_on_a_stopped_server_returns_within_its_bound() {
     );
 }
 
+/// A waiter without a deadline whose server stops ends with a connection or timeout error:
+/// it sees the stop when its block (at most two thirds of its grace, the I/O timeout +
+/// 0.5 s) and one I/O timeout have passed, tries again for a grace, and ends with the
+/// attempt under way then (a pause of 0.1 s, then one request's bounds).
+#[test]
+fn acquire_on_a_stopped_server_ends_within_its_bound() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let holder = client.lock("bound").try_acquire().unwrap();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || client.lock("bound").acquire().map(drop))
+    };
+    assert!(support::eventually(Duration::from_secs(5), || {
+        let clients: String = server.cmd(&["CLIENT", "LIST"]);
+        clients
+            .lines()
+            .any(|c| c.contains(" flags=b ") && c.contains(" cmd=blpop"))
+    }));
+    server.pause();
+    let stopped = Instant::now();
+    let result = within(Duration::from_secs(30), move || waiter.join().unwrap());
+    let took = stopped.elapsed();
+    server.resume();
+    drop(holder);
+    let err = result.unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::Timeout | ErrorKind::Connection),
+        "{err}"
+    );
+    let grace = IO + Duration::from_millis(500);
+    let seen = grace * 2 / 3 + Duration::from_millis(250) + IO;
+    let bound = seen + grace + Duration::from_millis(100) + CONNECT + IO;
+    assert!(
+        took <= bound + SLACK,
+        "acquire() took {took:?} after the stop; documented bound: {bound:?}"
+    );
+    eprintln!("acquire() ended {took:?} after the stop (bound {bound:?})");
+}
+
 /// `release` waits for a renewal in flight (the gate) before it sends its own request: on
 /// a stopped server it returns within the documented 2 × (connect + I/O).
 #[test]
