@@ -70,9 +70,9 @@ def describe(source: object) -> Tuple[str, Dict[str, Any]]:
     connection_class = getattr(pool, "connection_class", None)
     class_name = getattr(connection_class, "__name__", "")
     sentinel = getattr(pool, "sentinel_manager", None)
-    _refuse_uncarried(kwargs, class_name)
-    options = _timeouts(kwargs)
     tls = "SSL" in class_name
+    _refuse_uncarried(kwargs, connection_class, tls)
+    options = _timeouts(kwargs)
     if tls:
         options.update(_tls(kwargs))
     encoding = kwargs.get("encoding") or "utf-8"
@@ -98,16 +98,35 @@ def describe(source: object) -> Tuple[str, Dict[str, Any]]:
     return f"{scheme}://{login}{_host(host)}:{port}/{db}", options
 
 
-def _refuse_uncarried(kwargs: Dict[str, Any], class_name: str) -> None:
-    """Raises naming the first argument redlease cannot honour. Arguments that change
-    nothing a lock does (encodings, retries, health checks, client names) are ignored."""
-    known = {
-        "Connection", "SSLConnection", "UnixDomainSocketConnection",
-        "SentinelManagedConnection", "SentinelManagedSSLConnection",
-    }
-    if class_name and class_name not in known:
+def _redis_py_connection_classes() -> Tuple[type, ...]:
+    """redis-py's own connection classes, sync and asyncio: the ones redlease can stand
+    in for (by identity: a class of the caller's with the same name is not one of them)."""
+    import importlib
+
+    found = []
+    for module, names in (
+        ("redis.connection", ("Connection", "SSLConnection", "UnixDomainSocketConnection")),
+        ("redis.sentinel", ("SentinelManagedConnection", "SentinelManagedSSLConnection")),
+        ("redis.asyncio.connection", ("Connection", "SSLConnection", "UnixDomainSocketConnection")),
+        ("redis.asyncio.sentinel", ("SentinelManagedConnection", "SentinelManagedSSLConnection")),
+    ):
+        try:
+            loaded = importlib.import_module(module)
+        except ImportError:
+            continue
+        found.extend(c for c in (getattr(loaded, n, None) for n in names) if isinstance(c, type))
+    return tuple(found)
+
+
+def _refuse_uncarried(kwargs: Dict[str, Any], connection_class: Optional[type], tls: bool) -> None:
+    """Raises naming the first argument redlease cannot honour (``tls``: the connections
+    are TLS ones). Arguments that change nothing a lock does (encodings, retries, health
+    checks, client names) are ignored."""
+    if connection_class is not None and connection_class not in _redis_py_connection_classes():
         raise InvalidArgumentError(
-            f"from_redis cannot carry the connection class {class_name}: redlease opens its own "
+            f"from_redis cannot carry the connection class "
+            f"{getattr(connection_class, '__qualname__', connection_class)!s} (of "
+            f"{getattr(connection_class, '__module__', '?')}): redlease opens its own "
             f"connections (use redlease.Client with a URL)"
         )
     if kwargs.get("credential_provider") is not None:
@@ -122,12 +141,12 @@ def _refuse_uncarried(kwargs: Dict[str, Any], class_name: str) -> None:
                 f"(ssl_ca_certs) and sends no client certificate"
             )
     reqs = kwargs.get("ssl_cert_reqs", "required")
-    if "SSL" in class_name and reqs not in ("required", ssl.CERT_REQUIRED):
+    if tls and reqs not in ("required", ssl.CERT_REQUIRED):
         raise InvalidArgumentError(
             f"from_redis cannot carry ssl_cert_reqs={reqs!r}: redlease always verifies the "
             f"server's certificate"
         )
-    if "SSL" in class_name and kwargs.get("ssl_check_hostname") is False:
+    if tls and kwargs.get("ssl_check_hostname") is False:
         raise InvalidArgumentError(
             "from_redis cannot carry ssl_check_hostname=False: redlease always checks the "
             "server's name"
@@ -198,12 +217,10 @@ def _cluster(cluster: Any) -> Tuple[str, Dict[str, Any]]:
     nodes = list(manager.startup_nodes.values())
     if not nodes:
         raise InvalidArgumentError("the cluster client has no startup nodes")
-    class_name = getattr(kwargs.pop("connection_class", None), "__name__", "")
+    connection_class = kwargs.pop("connection_class", None)
+    class_name = getattr(connection_class, "__name__", "")
     tls = bool(kwargs.get("ssl")) or "SSL" in class_name
-    _refuse_uncarried(
-        {k: v for k, v in kwargs.items() if k != "ssl"},
-        "SSLConnection" if tls else "",
-    )
+    _refuse_uncarried({k: v for k, v in kwargs.items() if k != "ssl"}, connection_class, tls)
     options = _timeouts(kwargs)
     if tls:
         options.update(_tls(kwargs))

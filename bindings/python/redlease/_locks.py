@@ -124,6 +124,10 @@ class Lock:
     ``redlease`` logger. A Lock garbage-collected while held is released.
     """
 
+    #: Set on the locks of the redis-py compatible lock: dropped while held (collected, in
+    #: a reference cycle too, or at interpreter exit) they are abandoned, not released.
+    _abandon_when_dropped = False
+
     def __init__(
         self,
         client: LockClient,
@@ -595,8 +599,9 @@ class Lock:
             )
 
     def __del__(self) -> None:
-        # Release a lock dropped while held; a forked child's copy is never released (the
-        # library refuses it anyway). No _REGISTRY here: this thread may be holding it.
+        # Release a lock dropped while held (abandon it, for the redis-py compatible lock:
+        # see _abandon); a forked child's copy is never released (the library refuses it
+        # anyway). No _REGISTRY here: this thread may be holding it.
         handle = getattr(self, "_handle", 0)
         try:
             if handle and self._pid == os.getpid():
@@ -604,7 +609,10 @@ class Lock:
                     lib.lock_release(extra)
                 self._reentries = []
                 self._handle = 0
-                lib.lock_release(handle)
+                if self._abandon_when_dropped:
+                    lib.lock_abandon(handle)
+                else:
+                    lib.lock_release(handle)
                 _registry.forget(handle)
         except Exception:  # noqa: BLE001 - never raise from a finaliser (interpreter exit)
             pass

@@ -24,16 +24,23 @@ by the lock's name. Where redis-py's semantics are unsafe, it differs (see the R
 - ``extend(t)`` adds ``t`` to the lease this process knows of (a few ms under the server's
   ``PTTL`` at most), and ``replace_ttl`` never shortens the key (the lock counts on the
   shorter lease itself);
-- a lock forgotten while held (its object collected, or the thread that took it ended)
-  keeps its key until its lease ends, as redis-py's does, but a ``timeout=None`` lock then
-  expires within :data:`RENEWED_TTL` instead of never.
+- a lock forgotten while held (its object collected, in a reference cycle too, the thread
+  that took it ended, or the process exited) keeps its key until its lease ends, as
+  redis-py's does, but a ``timeout=None`` lock then expires within :data:`RENEWED_TTL`
+  instead of never;
+- ``reacquire()`` never shortens the key's lease on the server either;
+- a blocked waiter is ended by the server at its next wake-up, up to about 0.1 s after
+  ``blocking_timeout``.
 
 :class:`AsyncLock` is the twin for ``redis.asyncio.Redis``. Errors are
-:class:`LockError` and :class:`LockNotOwnedError`, subclasses of both redis-py's exceptions
-and :class:`redlease.RedleaseError`.
+:class:`LockError` and :class:`LockNotOwnedError`, and for Redis failures
+:class:`ConnectionError`, :class:`TimeoutError` and :class:`ResponseError`: each a subclass
+of redis-py's exception of that name and of :class:`redlease.RedleaseError`.
 """
 
+import atexit
 import threading
+import weakref
 from types import SimpleNamespace
 from typing import Any, Optional, Type, Union
 
@@ -46,6 +53,8 @@ from ._errors import (
     InvalidHandleError,
     LockBusyError,
     LockNotHeldError,
+    RedisConnectionError,
+    RedisServerError,
     RedleaseError,
 )
 from ._locks import Lock as _NativeLock
@@ -56,7 +65,16 @@ Number = Union[int, float]
 #: while the holder lives; a crashed holder's lock is free at most this long after.
 RENEWED_TTL = 30.0
 
-__all__ = ["Lock", "AsyncLock", "LockError", "LockNotOwnedError", "RENEWED_TTL"]
+__all__ = [
+    "Lock",
+    "AsyncLock",
+    "LockError",
+    "LockNotOwnedError",
+    "ConnectionError",
+    "TimeoutError",
+    "ResponseError",
+    "RENEWED_TTL",
+]
 
 
 class LockError(redis.exceptions.LockError, RedleaseError):
@@ -75,6 +93,39 @@ def _not_acquired(name: Any) -> LockError:
     error = LockError("Unable to acquire lock within the time specified", lock_name=_name_text(name))
     error.status = LockBusyError.status
     return error
+
+
+class ConnectionError(RedisConnectionError, redis.exceptions.ConnectionError):  # noqa: A001
+    """Redis could not be reached, or a connection broke (redis-py's ``ConnectionError``,
+    also a :class:`redlease.RedisConnectionError`)."""
+
+
+class TimeoutError(RedisConnectionError, redis.exceptions.TimeoutError):  # noqa: A001
+    """No reply, or no connection, in time (redis-py's ``TimeoutError``, also a
+    :class:`redlease.RedisConnectionError`)."""
+
+
+class ResponseError(RedisServerError, redis.exceptions.ResponseError):
+    """The server answered with an error, or the name is another kind of lock (redis-py's
+    ``ResponseError``, also a :class:`redlease.RedisServerError`)."""
+
+
+# What the library raises that a redis-py program catches as redis-py's own errors.
+_FAILURES = (RedisConnectionError, RedisServerError)
+
+
+def _as_redis_py(error: RedleaseError) -> RedleaseError:
+    """``error`` as the class of both hierarchies a redis-py program expects."""
+    if isinstance(error, RedisServerError):
+        cls: Type[RedleaseError] = ResponseError
+    elif error.cause == "timeout":
+        cls = TimeoutError
+    else:
+        cls = ConnectionError
+    translated = cls(str(error), error.status)
+    translated.outcome_unknown = error.outcome_unknown
+    translated.cause = error.cause
+    return translated
 
 
 class LockNotOwnedError(LockError, redis.exceptions.LockNotOwnedError):
@@ -108,6 +159,24 @@ class _Holding:
                 native._abandon()
             except Exception:  # noqa: BLE001 - never raise from a finaliser
                 pass
+
+
+# The native locks compatible locks hold, weakly: abandoned when the interpreter exits (as
+# a redis-py lock left held keeps its key until its timeout), before the clients' own exit
+# handler (atexit runs handlers last in, first out; this module imports _client) closes
+# their clients, which would release them.
+_HELD: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _abandon_all_at_exit() -> None:
+    for native in list(_HELD):
+        try:
+            native._abandon()
+        except Exception:  # noqa: BLE001 - at exit, nothing to report it to
+            pass
+
+
+atexit.register(_abandon_all_at_exit)
 
 
 def _name_text(name: Any) -> str:
@@ -182,6 +251,8 @@ class _Base:
         return getattr(self.local, "token", None)
 
     def _took(self, native: Any) -> None:
+        native._abandon_when_dropped = True
+        _HELD.add(native)
         self.local.held = _Holding(native)
         self.local.token = native.token.encode("utf-8")
 
@@ -264,14 +335,17 @@ class Lock(_Base):
         """Takes the lock: ``True`` once held, ``False`` when ``blocking`` is false and it
         is held elsewhere, or when ``blocking_timeout`` seconds passed. A waiter is woken by
         the release (``sleep`` is unused). Blocks without the GIL. Connection and server
-        errors raise :class:`redlease.RedisConnectionError` /
-        :class:`redlease.RedisServerError`."""
+        errors raise :class:`ConnectionError`, :class:`TimeoutError` or
+        :class:`ResponseError`: redis-py's classes, and redlease's
+        (:class:`redlease.RedisConnectionError`, :class:`redlease.RedisServerError`)."""
         self._refuse_token(token)
         native = _NativeLock(self._client, **self._lock_args(self._wait(blocking, blocking_timeout)))
         try:
             native.acquire()
         except LockBusyError:
             return False
+        except _FAILURES as e:
+            raise _as_redis_py(e) from e
         self._took(native)
         return True
 
@@ -286,6 +360,8 @@ class Lock(_Base):
             released = native.release()
         except InvalidHandleError:
             released = False
+        except _FAILURES as e:
+            raise _as_redis_py(e) from e
         if not released:
             raise self._not_owned("release")
 
@@ -299,6 +375,8 @@ class Lock(_Base):
             native.extend(ttl)
         except (LockNotHeldError, InvalidHandleError):
             raise self._not_owned("extend") from None
+        except _FAILURES as e:
+            raise _as_redis_py(e) from e
         return True
 
     def reacquire(self) -> bool:
@@ -308,6 +386,8 @@ class Lock(_Base):
             native.extend(float(self.timeout))  # type: ignore[arg-type]
         except (LockNotHeldError, InvalidHandleError):
             raise self._not_owned("reacquire") from None
+        except _FAILURES as e:
+            raise _as_redis_py(e) from e
         return True
 
     def locked(self) -> bool:
@@ -353,6 +433,8 @@ class AsyncLock(_Base):
             await native.acquire()
         except LockBusyError:
             return False
+        except _FAILURES as e:
+            raise _as_redis_py(e) from e
         self._took(native.lock)
         return True
 
@@ -365,6 +447,8 @@ class AsyncLock(_Base):
             released = await _NativeAsyncLock(native).release()
         except InvalidHandleError:
             released = False
+        except _FAILURES as e:
+            raise _as_redis_py(e) from e
         if not released:
             raise self._not_owned("release")
 
@@ -376,6 +460,8 @@ class AsyncLock(_Base):
             await _NativeAsyncLock(native).extend(ttl)
         except (LockNotHeldError, InvalidHandleError):
             raise self._not_owned("extend") from None
+        except _FAILURES as e:
+            raise _as_redis_py(e) from e
         return True
 
     async def reacquire(self) -> bool:
@@ -385,6 +471,8 @@ class AsyncLock(_Base):
             await _NativeAsyncLock(native).extend(float(self.timeout))  # type: ignore[arg-type]
         except (LockNotHeldError, InvalidHandleError):
             raise self._not_owned("reacquire") from None
+        except _FAILURES as e:
+            raise _as_redis_py(e) from e
         return True
 
     async def locked(self) -> bool:

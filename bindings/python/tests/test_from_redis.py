@@ -119,6 +119,14 @@ def test_what_cannot_be_carried_is_refused_by_name(server):
     with pytest.raises(redlease.InvalidArgumentError, match="MyConnection"):
         redlease.Client.from_redis(custom)
 
+    class Connection(redis.Connection):  # named as redis-py's own: still the caller's
+        pass
+
+    same_name = redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=Connection, host="127.0.0.1", port=server.port))
+    with pytest.raises(redlease.InvalidArgumentError, match="connection class"):
+        redlease.Client.from_redis(same_name)
+
     provider = redis.UsernamePasswordCredentialProvider("u", "p")
     with pytest.raises(redlease.InvalidArgumentError, match="credential_provider"):
         redlease.Client.from_redis(redis.Redis(host="127.0.0.1", port=server.port,

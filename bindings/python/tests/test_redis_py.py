@@ -416,6 +416,71 @@ def test_a_forgotten_lock_keeps_its_key_until_its_timeout_as_redis_py_does(rb):
     assert lock.acquire(blocking=False) is False
 
 
+def test_a_forgotten_lock_in_a_reference_cycle_keeps_its_key(rb):
+    """The collector frees a cycle's objects in no set order: the native lock underneath
+    must abandon the key as the holding would, not release it."""
+    import gc
+
+    class Job:
+        def __init__(self):
+            self.me = self
+            self.lock = get_lock(rb, "cycle", timeout=60)
+
+    job = Job()
+    assert job.lock.acquire(blocking=False)
+    del job
+    gc.collect()
+    assert 50_000 < rb.pttl("cycle") <= 60_000
+
+
+def test_a_lock_held_when_the_process_exits_keeps_its_key(rb, server, child_env):
+    """As a redis-py lock left held keeps its key until its timeout, also at exit (the
+    clients' exit handler, which closes them, must not release it)."""
+    child = textwrap.dedent(
+        f"""
+        import redis, redlease.redis_py as rp
+        r = redis.Redis(host="127.0.0.1", port={server.port})
+        kept = r.lock("at-exit", lock_class=rp.Lock, timeout=60)
+        assert kept.acquire(blocking=False)
+        released = r.lock("released", lock_class=rp.Lock, timeout=60)
+        assert released.acquire(blocking=False)
+        released.release()
+        """
+    )
+    subprocess.run([sys.executable, "-c", child], env=child_env, check=True, timeout=60)
+    assert 50_000 < rb.pttl("at-exit") <= 60_000
+    assert rb.exists("released") == 0
+
+
+def test_redis_failures_are_redis_py_errors_and_redlease_errors(server):
+    """A redis-py program's except clauses catch them; redlease's do too."""
+    import os
+    import signal
+
+    r = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=0.5,
+                    socket_connect_timeout=0.5)
+    r.hset("a-hash", "f", "v")
+    with pytest.raises(redis.exceptions.ResponseError) as server_error:
+        get_lock(r, "a-hash", timeout=10).acquire(blocking=False)
+    assert isinstance(server_error.value, redlease.RedisServerError)
+    held = get_lock(r, "held", timeout=10)
+    assert held.acquire(blocking=False)
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(redis.exceptions.TimeoutError) as timed_out:
+            get_lock(r, "stopped", timeout=10).acquire(blocking=False)
+        assert isinstance(timed_out.value, redlease.RedisConnectionError)
+        assert timed_out.value.cause == "timeout"
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    server.stop()
+    for call in (lambda: get_lock(r, "gone", timeout=10).acquire(blocking=False),
+                 lambda: held.extend(5), held.release):
+        with pytest.raises(redis.exceptions.ConnectionError) as failed:
+            call()
+        assert isinstance(failed.value, redlease.RedisConnectionError)
+
+
 def test_an_extend_to_nothing_is_a_lock_error(rb):
     lock = get_lock(rb, "foo", timeout=10)
     assert lock.acquire(blocking=False)
