@@ -462,22 +462,24 @@ fn wait_for_waiter(url: &str, name: &str) {
     );
 }
 
-/// A USR1 or USR2 that comes while `run` waits is dropped, not kept for the command (which
-/// would die of it the moment it started, before it could set a handler).
-#[test]
-fn a_usr1_while_waiting_is_dropped_not_sent_to_the_command() {
+/// Runs a waiter on `name` behind a holder, sends it `signals` while it waits (after
+/// `prepare` set up its process), and checks that it then ran its command to the end.
+fn waiter_runs_its_command_after(name: &str, signals: &[i32], prepare: impl FnOnce(&mut Command)) {
     let server = RedisServer::start();
     let url = server.url();
-    let holder = Holder::start(&url, "u", &[]);
+    let holder = Holder::start(&url, name, &[]);
     let dir = tempfile::tempdir().unwrap();
     let ran = dir.path().join("ran");
     let script = format!("sleep 0.2; touch '{}'", ran.display());
-    let waiter = Running::spawn(cmd(&[
-        "run", "--url", &url, "--wait", "10s", "u", "--", "sh", "-c", &script,
-    ]));
-    wait_for_waiter(&url, "u");
-    waiter.signal(libc::SIGUSR1);
-    waiter.signal(libc::SIGUSR2);
+    let mut waiting = cmd(&[
+        "run", "--url", &url, "--wait", "10s", name, "--", "sh", "-c", &script,
+    ]);
+    prepare(&mut waiting);
+    let waiter = Running::spawn(waiting);
+    wait_for_waiter(&url, name);
+    for &signo in signals {
+        waiter.signal(signo);
+    }
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(holder.finish().code, Some(0));
     let out = waiter.finish(Duration::from_secs(10));
@@ -485,35 +487,27 @@ fn a_usr1_while_waiting_is_dropped_not_sent_to_the_command() {
     assert!(ran.exists(), "the command ran to its end");
 }
 
+/// A USR1 or USR2 that comes while `run` waits is dropped, not kept for the command (which
+/// would die of it the moment it started, before it could set a handler).
+#[test]
+fn a_usr1_while_waiting_is_dropped_not_sent_to_the_command() {
+    waiter_runs_its_command_after("u", &[libc::SIGUSR1, libc::SIGUSR2], |_| {});
+}
+
 /// A signal ignored by whoever started `redlease` (`nohup` ignores SIGHUP) stays ignored:
 /// it neither stops a waiting run nor reaches the command.
 #[test]
 fn a_signal_ignored_by_the_caller_stays_ignored() {
     use std::os::unix::process::CommandExt;
-    let server = RedisServer::start();
-    let url = server.url();
-    let holder = Holder::start(&url, "nohup", &[]);
-    let dir = tempfile::tempdir().unwrap();
-    let ran = dir.path().join("ran");
-    let script = format!("sleep 0.2; touch '{}'", ran.display());
-    let mut waiting = cmd(&[
-        "run", "--url", &url, "--wait", "10s", "nohup", "--", "sh", "-c", &script,
-    ]);
-    // SAFETY: only signal(2) between fork and exec, as nohup does.
-    unsafe {
-        waiting.pre_exec(|| {
-            libc::signal(libc::SIGHUP, libc::SIG_IGN);
-            Ok(())
-        });
-    }
-    let waiter = Running::spawn(waiting);
-    wait_for_waiter(&url, "nohup");
-    waiter.signal(libc::SIGHUP);
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(holder.finish().code, Some(0));
-    let out = waiter.finish(Duration::from_secs(10));
-    assert_eq!(out.code, Some(0), "{out:?}");
-    assert!(ran.exists(), "the command ran to its end");
+    waiter_runs_its_command_after("nohup", &[libc::SIGHUP], |waiting| {
+        // SAFETY: only signal(2) between fork and exec, as nohup does.
+        unsafe {
+            waiting.pre_exec(|| {
+                libc::signal(libc::SIGHUP, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+    });
 }
 
 /// A signal during the one attempt of a run that does not wait (which only its timeouts

@@ -10,7 +10,7 @@ import os
 import threading
 import weakref
 from ctypes import byref, c_bool, c_char_p
-from typing import Callable, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Type, Union
 
 from . import _args, _from_redis, _inspect, _native, _registry
 from ._args import Key
@@ -51,15 +51,21 @@ def _client_options(
 _OPEN: "weakref.WeakSet[Client]" = weakref.WeakSet()
 
 
+def each_at_exit(objects: Iterable[Any], call: Callable[[Any], object]) -> None:
+    """Calls ``call`` on each of ``objects`` (a snapshot), ignoring what any raises: at
+    exit there is nothing to report it to."""
+    for obj in list(objects):
+        try:
+            call(obj)
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def _close_all_at_exit() -> None:
     """Closes every client still open when the interpreter exits, releasing their locks:
     their renewal threads stop, and no lost-lock callback can reach an interpreter that is
     finalising (a library thread calling into it then would abort the process)."""
-    for client in list(_OPEN):
-        try:
-            client._close_now()
-        except Exception:  # noqa: BLE001 - at exit, nothing to report it to
-            pass
+    each_at_exit(_OPEN, lambda client: client._close_now())
 
 
 atexit.register(_close_all_at_exit)

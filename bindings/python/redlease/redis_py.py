@@ -48,7 +48,7 @@ import redis.exceptions
 
 from . import _args
 from ._async import AsyncLock as _NativeAsyncLock
-from ._client import Client
+from ._client import Client, each_at_exit
 from ._errors import (
     InvalidHandleError,
     LockBusyError,
@@ -168,15 +168,7 @@ class _Holding:
 _HELD: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-def _abandon_all_at_exit() -> None:
-    for native in list(_HELD):
-        try:
-            native._abandon()
-        except Exception:  # noqa: BLE001 - at exit, nothing to report it to
-            pass
-
-
-atexit.register(_abandon_all_at_exit)
+atexit.register(each_at_exit, _HELD, lambda native: native._abandon())
 
 
 def _name_text(name: Any) -> str:
