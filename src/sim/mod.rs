@@ -75,8 +75,6 @@ pub(crate) struct Ran {
     pub took: config::Micros,
     /// How often the run-down paths of locks over several names ran.
     pub keeps: check::Keeps,
-    /// Blocks a push served after their timeout, both during a server's stop.
-    pub served_after_timeout: u64,
     /// The trace, when asked for (empty otherwise).
     pub trace: String,
 }
@@ -89,7 +87,6 @@ pub(crate) fn run(seed: u64, traced: bool) -> Result<Ran, String> {
             ops: world.check.ops,
             took: world.now,
             keeps: world.check.keeps,
-            served_after_timeout: world.served_after_timeout(),
             trace: if traced {
                 world.trace.render()
             } else {
@@ -130,18 +127,14 @@ mod tests {
     #[test]
     fn every_fixed_seed_keeps_every_promise() {
         let started = std::time::Instant::now();
-        let (mut ops, mut late) = (0, 0);
+        let mut ops = 0;
         for seed in 0..FIXED_SEEDS {
-            let ran = check_seed(seed);
-            ops += ran.ops;
-            late += ran.served_after_timeout;
+            ops += check_seed(seed).ops;
         }
         eprintln!(
-            "{FIXED_SEEDS} seeds, {ops} lock operations, {late} blocks served after their \
-             timeout during a server's stop, in {:?}",
+            "{FIXED_SEEDS} seeds, {ops} lock operations, in {:?}",
             started.elapsed()
         );
-        assert!(late > 0, "no run served a block after its timeout");
     }
 
     /// Fixed seeds whose runs take several mutexes at once (`lock_all`): the first
@@ -210,18 +203,15 @@ mod tests {
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| fastrand::u64(1_000_000..u64::MAX / 2));
         let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(minutes * 60.0);
-        let (mut seeds, mut ops, mut late) = (0u64, 0u64, 0u64);
+        let (mut seeds, mut ops) = (0u64, 0u64);
         let mut seed = from;
         while std::time::Instant::now() < until {
-            let ran = check_seed(seed);
-            ops += ran.ops;
-            late += ran.served_after_timeout;
+            ops += check_seed(seed).ops;
             seeds += 1;
             seed += 1;
         }
         eprintln!(
-            "soak: seeds {from}..{seed} ({seeds} runs), {ops} lock operations ({late} blocks \
-             served after their timeout during a server's stop), every promise kept"
+            "soak: seeds {from}..{seed} ({seeds} runs), {ops} lock operations, every promise kept"
         );
     }
 }

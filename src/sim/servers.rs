@@ -131,22 +131,11 @@ impl SimServer {
         self.held.push(id);
     }
 
-    /// Resumes at `now` after a pause or a restart; returns the requests held meanwhile,
-    /// to be delivered before [`resumed`](Self::resumed) (see
-    /// [`crate::sim::redis::Server::resume_at`]).
-    pub fn resume(&mut self, now: Micros) -> Vec<ReqId> {
+    /// Resumes after a pause or a restart; returns the requests held meanwhile.
+    pub fn resume(&mut self) -> Vec<ReqId> {
         self.paused = false;
         self.down = self.dead;
-        if self.serving() {
-            self.model.resume_at(now / 1000);
-        }
         std::mem::take(&mut self.held)
-    }
-
-    /// The requests held during a pause have run: blocks that timed out meanwhile are
-    /// answered now.
-    pub fn resumed(&mut self) {
-        self.model.resumed();
     }
 
     /// A restart without persistence: every key, script and connection lost; down until

@@ -472,22 +472,11 @@ impl World {
         self.at(self.now + promoted_after, Event::ServerBack(new));
     }
 
-    /// Blocks served after their timeout, by pushes that arrived during a stop, on every
-    /// server of the run.
-    pub fn served_after_timeout(&self) -> u64 {
-        self.servers
-            .iter()
-            .map(|s| s.model().served_after_timeout())
-            .sum()
-    }
-
     fn server_back(&mut self, server: usize) {
         self.trace.line(self.now, || format!("s{server} is back"));
-        let now = self.now;
-        for id in self.servers[server].resume(now) {
+        for id in self.servers[server].resume() {
             self.deliver(id);
         }
-        self.servers[server].resumed();
         self.pump(server);
     }
 
@@ -983,8 +972,7 @@ impl World {
         }
         self.now = until;
         for server in 0..self.servers.len() {
-            self.servers[server].resume(until);
-            self.servers[server].resumed();
+            self.servers[server].resume();
             self.servers[server].advance(until);
             let left: Vec<String> = self.servers[server]
                 .keys()

@@ -11,8 +11,7 @@
 //!   loop turns: at its own wake-ups (every 100 ms, `hz 10`, at multiples of the interval in
 //!   virtual time; [`Server::set_wakeup_interval`]) or after it ran the commands of a
 //!   [`Server::submit`]. So a `BLPOP` past its deadline can still be served by a push that
-//!   arrives before the next wake-up, as on a real server. After a stop of the process
-//!   ([`Server::resume_at`]) what arrived meanwhile runs first, then the timeouts.
+//!   arrives before the next wake-up, as on a real server.
 //! - [`Server::connect`] opens a connection, [`Server::submit`] delivers a pipeline of
 //!   commands to it: they run at once, in order, until one blocks (`BLPOP`, `WAIT`); the
 //!   rest wait behind it. A blocked `BLPOP` is served when a command leaves elements in its
@@ -89,11 +88,6 @@ pub(crate) struct Server {
     acks: BTreeMap<ServerId, u64>,
     /// Connections freed from a block whose waiting commands have not run yet.
     unblocked: VecDeque<ConnId>,
-    /// Back from a stop ([`Server::resume_at`]), the commands that arrived meanwhile not
-    /// all run yet: blocks that timed out meanwhile are answered after them.
-    resuming: bool,
-    /// Blocks served by a push that arrived during a stop, after their timeout had passed.
-    served_after_timeout: u64,
 }
 
 impl Server {
@@ -115,8 +109,6 @@ impl Server {
             stream: Stream::default(),
             acks: BTreeMap::new(),
             unblocked: VecDeque::new(),
-            resuming: false,
-            served_after_timeout: 0,
         }
     }
 
@@ -169,42 +161,13 @@ impl Server {
     /// expired keys are deleted (on a primary).
     pub(crate) fn advance(&mut self, now_ms: u64) {
         let target = self.now.max(now_ms);
-        while let Some(wakeup) = self
-            .next_wakeup()
-            .filter(|&w| w <= target && !self.resuming)
-        {
+        while let Some(wakeup) = self.next_wakeup().filter(|&w| w <= target) {
             self.now = wakeup;
             self.expire_keys();
             self.time_out_blocked();
         }
         self.now = target;
         self.expire_keys();
-    }
-
-    /// The process resumes at `now_ms` after a stop (`SIGSTOP`, a long fork, a slow disk):
-    /// the clock jumps there and keys past their expiry are gone, but a blocked command
-    /// that timed out meanwhile is answered only after the commands that arrived meanwhile
-    /// ran ([`Server::submit`] them, then call [`Server::resumed`]): Redis reads every
-    /// socket the stop left readable before its event loop looks at timeouts again, so such
-    /// a command may still be served by a push among them.
-    pub(crate) fn resume_at(&mut self, now_ms: u64) {
-        self.now = self.now.max(now_ms);
-        self.expire_keys();
-        self.resuming = true;
-    }
-
-    /// How many blocked commands a push that arrived during a stop served after their
-    /// timeout had passed (see [`Server::resume_at`]).
-    pub(crate) fn served_after_timeout(&self) -> u64 {
-        self.served_after_timeout
-    }
-
-    /// What arrived during a stop has run (see [`Server::resume_at`]): blocked commands
-    /// past their timeout are answered now.
-    pub(crate) fn resumed(&mut self) {
-        if std::mem::take(&mut self.resuming) {
-            self.time_out_blocked();
-        }
     }
 
     /// The next virtual instant at which something happens on its own: a key expires (on a
@@ -286,11 +249,8 @@ impl Server {
         connection.pending.extend(commands);
         self.run(conn);
         self.run_unblocked();
-        // The event loop turns after the commands it read: timeouts it finds now (after a
-        // stop, once it read everything that arrived meanwhile).
-        if !self.resuming {
-            self.time_out_blocked();
-        }
+        // The event loop turns after the commands it read: timeouts it finds now.
+        self.time_out_blocked();
         Ok(())
     }
 
@@ -514,13 +474,7 @@ impl Server {
         if ready.is_empty() {
             return;
         }
-        let overdue: Vec<ConnId> = if self.resuming {
-            blocking::timed_out(&self.conns, self.wall_clock_ms())
-        } else {
-            Vec::new()
-        };
         let served = blocking::serve_lists(&mut self.keyspace, &mut self.conns, &ready);
-        self.served_after_timeout += served.iter().filter(|id| overdue.contains(id)).count() as u64;
         let pops = self.keyspace.take_changes();
         let offset = self.record(pops);
         for id in served {
