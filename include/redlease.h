@@ -842,8 +842,9 @@ int32_t lock_release(lock_t lock);
  * nothing, so that the key keeps the token until its lease ends, as if the process had
  * crashed (a lease that must outlive its holder, as redis-py's locks do when forgotten).
  * The lost-lock callback is not called any more. The same thread rule as `lock_release`
- * holds for a reentrant lock's thread-owned hold. Results: `LOCK_OK`, `LOCK_NOT_HELD`
- * (another thread's hold; nothing changes), `LOCK_ERR_HANDLE`.
+ * holds for a reentrant lock's thread-owned hold. In a forked child it only spends the
+ * handle (the lock and its renewal are the parent's). Results: `LOCK_OK`,
+ * `LOCK_NOT_HELD` (another thread's hold; nothing changes), `LOCK_ERR_HANDLE`.
  */
 int32_t lock_abandon(lock_t lock);
 

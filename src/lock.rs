@@ -625,7 +625,8 @@ impl LockGuard {
     /// ends, as if this process had crashed. For a holder that must leave the lock to
     /// expire on its own (a compatibility layer whose callers rely on a lease outliving
     /// the object). Never blocks beyond stopping a renewal in flight; this guard's
-    /// `on_lost` is not called any more.
+    /// `on_lost` is not called any more. In a forked child it does nothing: the lock and
+    /// its renewal are the parent's.
     pub fn abandon(self) {
         self.abandon_shared();
     }
@@ -636,6 +637,11 @@ impl LockGuard {
             return;
         }
         self.lease().forget_on_lost(&self.hold);
+        // A forked child has neither the lock nor its renewal thread: stopping that
+        // thread would wait for a renewal in flight that nobody in the child will end.
+        if self.lease().check_process().is_err() {
+            return;
+        }
         if self.held.leave() {
             if let Some(renewal) = self.renewal_slot().take() {
                 renewal.stop();

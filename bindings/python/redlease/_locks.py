@@ -502,7 +502,8 @@ class Lock:
         if not handle:
             return
         try:
-            lib.lock_abandon(handle)
+            if self._pid == os.getpid():  # a forked child's copy is the parent's lock
+                lib.lock_abandon(handle)
         finally:
             self._disown(handle)
             self._with_may_take_over = False

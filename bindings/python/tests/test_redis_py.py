@@ -489,3 +489,38 @@ def test_an_extend_to_nothing_is_a_lock_error(rb):
     rb.set("foo", "thief")
     with pytest.raises(LockNotOwnedError):
         lock.extend(0)  # lost: not owned, whatever the time asked for
+
+
+def test_a_forked_child_exits_while_its_parent_renews_a_held_lock(server, child_env):
+    """The child has the parent's lock objects but neither the lock nor its renewal thread:
+    at exit it must not wait for a renewal that only the parent's thread would end."""
+    child = textwrap.dedent(
+        f"""
+        import os, signal, sys, time, redis
+        import redlease.redis_py as rp
+        rp.RENEWED_TTL = 0.6  # a renewal every 0.2 s
+        r = redis.Redis(host="127.0.0.1", port={server.port})
+        lock = r.lock("forked", lock_class=rp.Lock)
+        assert lock.acquire()
+        os.kill({server.proc.pid}, signal.SIGSTOP)  # the next renewal stays in flight
+        try:
+            time.sleep(0.45)
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)  # the exit handlers run in the child
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                time.sleep(0.05)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                sys.exit("the forked child hung at exit")
+        finally:
+            os.kill({server.proc.pid}, signal.SIGCONT)
+        assert status == 0, status
+        """
+    )
+    subprocess.run([sys.executable, "-c", child], env=child_env, check=True, timeout=60)
