@@ -134,14 +134,6 @@ pub fn run(args: RunArgs, connect: impl FnOnce() -> Result<Client, Fail>) -> Out
             duration::show(args.ttl / 3)
         ));
     }
-    // Signals of the wait that did not stop it are not for the command, which does not
-    // exist yet (a stopping one is seen below: its flag is set before it is queued).
-    let dropped = signals.discard_pending();
-    if dropped > 0 && args.verbose {
-        warn(&format!(
-            "{dropped} signal(s) received while waiting dropped: the command had not started"
-        ));
-    }
     if let Some(signo) = signals.stopped_by() {
         release(guard, name, args.verbose);
         warn(&format!(
@@ -164,6 +156,7 @@ pub fn run(args: RunArgs, connect: impl FnOnce() -> Result<Client, Fail>) -> Out
             return Err(Fail::new(code, format!("cannot run {program:?}: {e}")));
         }
     };
+    signals.command_started();
     let pid = child.id() as libc::pid_t;
     let ended = watch_exit(pid);
     let mut lost = supervise(&args, name, pid, &ended, &guard, &signals);
@@ -331,9 +324,7 @@ fn supervise(
                 Err(_) => lost_rx = never(),
             },
             recv(signals.received) -> caught => if let Ok(caught) = caught {
-                // The terminal's Ctrl-C reached the child already when it shares our
-                // process group: do not deliver it twice.
-                if !(caught.from_kernel && same_group) {
+                if signals::to_forward(&caught, same_group) {
                     send(caught.signo);
                 }
             },

@@ -7,7 +7,7 @@
 //! child gets the mask `redlease` started with back between fork and exec ([`Signals::original_mask`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use crossbeam_channel::{Receiver, unbounded};
 use redlease::CancelToken;
@@ -24,7 +24,7 @@ pub const FORWARDED: [i32; 6] = [
 
 /// Signals that, before the child runs, stop `redlease` (cancel the wait, or do not start
 /// the command). The others (USR1, USR2) are dropped until the command runs.
-fn stops(signo: i32) -> bool {
+pub fn stops(signo: i32) -> bool {
     matches!(
         signo,
         libc::SIGHUP | libc::SIGINT | libc::SIGQUIT | libc::SIGTERM
@@ -38,6 +38,27 @@ pub struct Caught {
     /// Sent by the kernel to a whole process group (the terminal's Ctrl-C, Ctrl-\, hangup)
     /// rather than by `kill` from a process.
     pub from_kernel: bool,
+    /// Taken before the command was known to run ([`Signals::command_started`]): sent
+    /// before it existed, or while it was being started.
+    pub before_command: bool,
+}
+
+/// Whether `caught`, taken from the queue once the command runs, goes on to the command
+/// (`same_group`: the command is in `redlease`'s process group).
+///
+/// - One of the wait (or of the moment the command started) that stops `redlease` does:
+///   the command must not run on after it (if it came as the command started and the
+///   terminal sent it to the group, the command may get it twice, in its first instant,
+///   which its default action ends anyway). USR1 and USR2 of then do not: they were not
+///   for a command that did not exist.
+/// - One that came while the command ran does, except one the terminal sent to the whole
+///   group, which the command got already.
+pub fn to_forward(caught: &Caught, same_group: bool) -> bool {
+    if caught.before_command {
+        stops(caught.signo)
+    } else {
+        !(caught.from_kernel && same_group)
+    }
 }
 
 pub struct Signals {
@@ -46,6 +67,8 @@ pub struct Signals {
     pub cancel: CancelToken,
     /// That signal's number, 0 while none came.
     stop: Arc<AtomicI32>,
+    /// The command runs (set once its process has started).
+    started: Arc<AtomicBool>,
     /// The signal mask `redlease` was started with.
     pub original_mask: libc::sigset_t,
 }
@@ -86,7 +109,9 @@ impl Signals {
         let (tx, received) = unbounded();
         let cancel = CancelToken::new();
         let stop = Arc::new(AtomicI32::new(0));
-        let (thread_cancel, thread_stop) = (cancel.clone(), stop.clone());
+        let started = Arc::new(AtomicBool::new(false));
+        let (thread_cancel, thread_stop, thread_started) =
+            (cancel.clone(), stop.clone(), started.clone());
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
@@ -111,6 +136,7 @@ impl Signals {
                     let caught = Caught {
                         signo,
                         from_kernel: info.si_code == libc::SI_KERNEL,
+                        before_command: !thread_started.load(Ordering::SeqCst),
                     };
                     if tx.send(caught).is_err() {
                         return;
@@ -121,14 +147,15 @@ impl Signals {
             received,
             cancel,
             stop,
+            started,
             original_mask,
         })
     }
 
-    /// Drops the signals received so far that did not stop `redlease` (USR1, USR2): they
-    /// came before the command existed, and are not for it. Returns how many.
-    pub fn discard_pending(&self) -> usize {
-        self.received.try_iter().count()
+    /// The command's process has started: signals taken from now on came while it ran
+    /// (see [`to_forward`]).
+    pub fn command_started(&self) {
+        self.started.store(true, Ordering::SeqCst);
     }
 
     /// The first signal that asked `redlease` to stop, if any.
@@ -159,4 +186,41 @@ pub fn name(signo: i32) -> String {
         .iter()
         .find(|(n, _)| *n == signo)
         .map_or_else(|| signo.to_string(), |(_, name)| (*name).to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caught(signo: i32, from_kernel: bool, before_command: bool) -> Caught {
+        Caught {
+            signo,
+            from_kernel,
+            before_command,
+        }
+    }
+
+    #[test]
+    fn a_stop_signal_of_the_start_reaches_the_command_even_from_the_terminal() {
+        for signo in [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM] {
+            assert!(to_forward(&caught(signo, true, true), true));
+            assert!(to_forward(&caught(signo, false, true), false));
+        }
+    }
+
+    #[test]
+    fn usr1_and_usr2_of_before_the_command_are_dropped() {
+        for signo in [libc::SIGUSR1, libc::SIGUSR2] {
+            assert!(!to_forward(&caught(signo, false, true), true));
+            assert!(!to_forward(&caught(signo, false, true), false));
+        }
+    }
+
+    #[test]
+    fn once_the_command_runs_only_the_terminals_group_signals_are_not_sent_twice() {
+        assert!(!to_forward(&caught(libc::SIGINT, true, false), true));
+        assert!(to_forward(&caught(libc::SIGINT, true, false), false));
+        assert!(to_forward(&caught(libc::SIGUSR1, false, false), true));
+        assert!(to_forward(&caught(libc::SIGTERM, false, false), true));
+    }
 }
