@@ -505,6 +505,12 @@ impl LockGuard {
         self.held.renewal()
     }
 
+    /// Fails with [`ErrorKind::NotHeld`] in a process other than the one that acquired the
+    /// lock (a forked child); touches nothing of the lock's state.
+    pub(crate) fn check_process(&self) -> Result<()> {
+        self.lease().check_process()
+    }
+
     fn lease(&self) -> &Arc<Lease> {
         &self.held.lease
     }
@@ -636,12 +642,13 @@ impl LockGuard {
         if self.released.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.lease().forget_on_lost(&self.hold);
         // A forked child has neither the lock nor its renewal thread: stopping that
-        // thread would wait for a renewal in flight that nobody in the child will end.
+        // thread would wait for a renewal in flight that nobody in the child will end,
+        // and the lease's own lock may have been held by a thread of the parent.
         if self.lease().check_process().is_err() {
             return;
         }
+        self.lease().forget_on_lost(&self.hold);
         if self.held.leave() {
             if let Some(renewal) = self.renewal_slot().take() {
                 renewal.stop();
@@ -657,8 +664,9 @@ impl LockGuard {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        self.lease().forget_on_lost(&self.hold);
+        // The process first: in a forked child nothing of the parent's lock is touched.
         self.lease().check_process()?;
+        self.lease().forget_on_lost(&self.hold);
         if self.held.leave() {
             if let Some(renewal) = self.renewal_slot().take() {
                 renewal.stop();

@@ -4,26 +4,89 @@
 //! forked child must not use them. Comparing `getpid()` on every call would cost a system
 //! call each time, so a `pthread_atfork` child handler bumps a counter instead.
 
+use std::any::Any;
+use std::cell::RefCell;
 use std::sync::Once;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static FORKS: AtomicU64 = AtomicU64::new(0);
 static REGISTER: Once = Once::new();
 
+thread_local! {
+    /// The library's global locks, held by the forking thread from just before `fork()` to
+    /// just after it, in the parent and in the child (see [`before_fork`]).
+    static HELD_FOR_FORK: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Takes the library's global locks (the C ABI's handle tables, the parked renewal
+/// threads) before `fork()`, so that the child never starts with one of them locked by a
+/// thread it does not have: its calls (on its parent's handles, which report
+/// `LOCK_NOT_HELD`, or on a new client) would wait for ever. None of them is held while
+/// the caller's code runs, and none is taken while another is held, so this cannot
+/// deadlock with a thread of the library.
+extern "C" fn before_fork() {
+    let mut held = crate::renewal::hold_for_fork();
+    held.extend(crate::ffi::hold_for_fork());
+    HELD_FOR_FORK.with(|h| h.borrow_mut().extend(held));
+}
+
+/// Gives the locks of [`before_fork`] back, last taken first.
+fn release_after_fork() {
+    HELD_FOR_FORK.with(|h| {
+        let mut held = h.borrow_mut();
+        while held.pop().is_some() {}
+    });
+}
+
+extern "C" fn in_parent_after_fork() {
+    release_after_fork();
+}
+
 extern "C" fn in_child_after_fork() {
     FORKS.fetch_add(1, Ordering::SeqCst);
+    release_after_fork();
 }
 
 /// Identifies the current process among this one and its forked children: equal values
-/// mean the same process.
+/// mean the same process. A child made without the fork handlers (`_Fork()`, a raw
+/// `clone`) is not told apart here: [`is`] is.
 pub(crate) fn generation() -> u64 {
     REGISTER.call_once(|| {
-        // SAFETY: registers a handler that only touches an atomic, which is
-        // async-signal-safe as a fork handler must be.
-        let rc = unsafe { libc::pthread_atfork(None, None, Some(in_child_after_fork)) };
+        // SAFETY: the handlers lock and unlock the library's own mutexes (none held while
+        // the caller's code runs) and touch an atomic.
+        let rc = unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(in_parent_after_fork),
+                Some(in_child_after_fork),
+            )
+        };
         if rc != 0 {
             log::error!("pthread_atfork failed ({rc}): forked children are not detected");
         }
     });
     FORKS.load(Ordering::SeqCst)
+}
+
+/// This process, as a lock remembers the one that acquired it: its [`generation`] and its
+/// pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Process {
+    generation: u64,
+    pid: u32,
+}
+
+impl Process {
+    pub(crate) fn current() -> Process {
+        Process {
+            generation: generation(),
+            pid: std::process::id(),
+        }
+    }
+
+    /// Whether the caller runs in this process, not in a child forked from it (also one
+    /// made by `_Fork()`, which runs no fork handlers: the pid tells; one system call).
+    pub(crate) fn is_current(&self) -> bool {
+        self.generation == generation() && self.pid == std::process::id()
+    }
 }

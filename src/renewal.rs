@@ -163,6 +163,18 @@ fn parked() -> MutexGuard<'static, Parked> {
     p
 }
 
+/// The parked threads' lock, held across `fork()` (see [`crate::process`]).
+pub(crate) fn hold_for_fork() -> Vec<Box<dyn std::any::Any>> {
+    #[cfg(not(feature = "shuttle"))]
+    {
+        vec![Box::new(sync::lock(&PARKED))]
+    }
+    #[cfg(feature = "shuttle")]
+    {
+        Vec::new()
+    }
+}
+
 /// Frees `worker` from `job` (once: later calls for the same job do nothing), and parks it
 /// unless it is busy (then it parks itself when done).
 fn free(worker: &Arc<Worker>, job: u64) {

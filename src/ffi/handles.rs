@@ -53,6 +53,16 @@ impl<T> HandleTable<T> {
         crate::sync::lock(&self.table)
     }
 
+    /// The table's lock, held by the caller until it drops what this returns (across a
+    /// `fork()`: see [`crate::process`]).
+    #[cfg(not(feature = "shuttle"))]
+    pub fn hold(&'static self) -> impl std::any::Any
+    where
+        T: 'static,
+    {
+        self.lock()
+    }
+
     fn encode(&self, index: usize, generation: u64) -> u64 {
         ((self.kind as u64) << (INDEX_BITS + GENERATION_BITS))
             | (generation << INDEX_BITS)

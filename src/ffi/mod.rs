@@ -190,7 +190,26 @@ fn with_guard<T>(
     f: impl FnOnce(&LockGuard) -> Result<T, Failure>,
 ) -> Result<T, Failure> {
     let entry = LOCKS.get(handle).ok_or_else(|| Failure::handle("lock"))?;
+    // A forked child's copy of its parent's lock is not held, and is not looked into: a
+    // thread of the parent may have held its state's lock at the fork.
+    entry.guard.check_process()?;
     f(&entry.guard)
+}
+
+/// The handle tables' locks, held across `fork()` (see [`crate::process`]).
+pub(crate) fn hold_for_fork() -> Vec<Box<dyn std::any::Any>> {
+    #[cfg(not(feature = "shuttle"))]
+    {
+        vec![
+            Box::new(CLIENTS.hold()),
+            Box::new(LOCKS.hold()),
+            Box::new(CANCELS.hold()),
+        ]
+    }
+    #[cfg(feature = "shuttle")]
+    {
+        Vec::new()
+    }
 }
 
 fn millis(ms: u64) -> Duration {

@@ -61,7 +61,7 @@ pub(crate) struct Lease {
     /// What the hold is on the server.
     pub kind: Kind,
     /// The process that acquired the lock; after `fork()` the child must not touch it.
-    process: u64,
+    process: process::Process,
     /// Replicas that must acknowledge each extend.
     replicas: Option<Replicas>,
     state: Mutex<State>,
@@ -90,7 +90,7 @@ impl Lease {
             token,
             fencing_token,
             kind,
-            process: process::generation(),
+            process: process::Process::current(),
             replicas,
             state: Mutex::new(State {
                 clock,
@@ -182,7 +182,8 @@ impl Lease {
     /// Not released, not lost, the local deadline not passed, and this is the process that
     /// acquired it.
     pub fn is_held(&self) -> bool {
-        self.state().clock.is_held(Instant::now()) && self.process == process::generation()
+        // The process first: a forked child must not wait for a lock a parent's thread held.
+        self.process.is_current() && self.state().clock.is_held(Instant::now())
     }
 
     /// Why the lock may have been unprotected for a while before now; `None` while it has
@@ -314,7 +315,7 @@ impl Lease {
     /// Fails with [`ErrorKind::NotHeld`] unless called from the process that acquired the
     /// lock: a forked child does not hold its parent's locks and must not touch them.
     pub fn check_process(&self) -> Result<()> {
-        if self.process == process::generation() {
+        if self.process.is_current() {
             Ok(())
         } else {
             Err(Error::new(

@@ -9,10 +9,12 @@
 //! - `packaging`: the committed header is the generated one, its version and log-level
 //!   macros, and log records reaching a C callback.
 //! - `client_options`: the C client options that only C has (a CA file path).
+//! - `fork`: forked children (with and without the fork handlers) and their parent's locks.
 
 #[path = "../support/mod.rs"]
 mod support;
 
 mod c_programs;
 mod client_options;
+mod fork;
 mod packaging;
