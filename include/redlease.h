@@ -275,7 +275,10 @@ typedef uint64_t lock_t;
 /**
  * Called once when a held lock is lost. Runs on that lock's renewal thread (or on the
  * thread whose `lock_extend` found the lock gone): keep it short and do not block. It may
- * call any function of this library, including `lock_release` on `lock`.
+ * call any function of this library, including `lock_release` on `lock` (except for a
+ * reentrant lock's hold owned by the thread that acquired it, which only that thread may
+ * release: from the callback `lock_release` then gives `LOCK_NOT_HELD`, and the handle
+ * stays valid).
  */
 typedef void (*lock_lost_cb)(lock_t lock, int32_t reason, void *user_data);
 
@@ -717,7 +720,8 @@ int32_t lock_acquire_options_init(struct lock_acquire_options_t *opts, size_t si
  * `LOCK_ERR_REPLICATION` (too few replicas acknowledged: rolled back; see
  * `lock_acquire_options_t.min_replicas`),
  * `LOCK_CANCELLED` (see `lock_cancel_all`), `LOCK_ERR_ARGUMENT` (NULL, empty, over-long,
- * reserved (`redlease:...`) or non-UTF-8 key, ttl under 10 ms), `LOCK_ERR_HANDLE`,
+ * reserved (`redlease:...`) or non-UTF-8 key, ttl under 10 ms or over 2^40 ms, a wait
+ * over 2^40 ms other than `UINT64_MAX`), `LOCK_ERR_HANDLE`,
  * `LOCK_ERR_CONNECTION` (also when a request's reply was lost: the lock is then not held
  * by this caller, who tried to withdraw; at worst it lapses after its lease),
  * `LOCK_ERR_REDIS`. Returns within `wait_ms` plus one request's bounds (connect and I/O
@@ -1067,7 +1071,10 @@ int32_t lock_stats_since(const struct lock_stats_t *now,
  * long as it takes. On `LOCK_OK`, `out_locks[i]` is an ordinary handle for `names[i]`
  * (release each, or all with `lock_release`; each has its own fencing token and lease).
  * `opts->on_lost` is called once, with the handle of the first name lost: the whole set
- * is lost then; its `user_data` is given back once every handle is done with it.
+ * is lost then, and the program should give every handle back (each handle still
+ * answers for its own name only: `lock_is_held` on another name's handle may say 1, and
+ * its `lock_release` `LOCK_OK`, unlike the Rust `MultiGuard`, which reports the whole
+ * set); its `user_data` is given back once every handle is done with it.
  * `opts->reentrant`, `owner` and `min_replicas` are refused.
  *
  * Results as `lock_acquire_opts` (for the first name that could not be taken), and

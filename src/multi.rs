@@ -110,12 +110,14 @@ impl<'a> MultiLockBuilder<'a> {
     }
 
     /// Waits up to `wait` in all (a zero `wait` tries once). Returns within `wait` plus one
-    /// request's bounds per name still to take.
+    /// request's bounds per name still to take. [`ErrorKind::InvalidArgument`] for a wait
+    /// over 2^40 ms (about 34 years), as for one name, before anything is sent.
     pub fn acquire_timeout(self, wait: Duration) -> Result<MultiGuard> {
-        let deadline = Instant::now()
-            .checked_add(wait)
-            .ok_or_else(|| Error::invalid(format!("a wait of {wait:?} overflows the clock")))?;
-        self.acquire_until(Some(deadline), true)
+        // The same limit as a single lock's wait (at most MAX_WAIT).
+        match Wait::up_to(wait, Instant::now())? {
+            Wait::Until(deadline) => self.acquire_until(Some(deadline), true),
+            _ => self.acquire_until(Some(Instant::now()), true),
+        }
     }
 
     /// Waits as long as it takes.

@@ -63,7 +63,10 @@ pub const LOCK_LOST_UNREACHABLE: i32 = 2;
 
 /// Called once when a held lock is lost. Runs on that lock's renewal thread (or on the
 /// thread whose `lock_extend` found the lock gone): keep it short and do not block. It may
-/// call any function of this library, including `lock_release` on `lock`.
+/// call any function of this library, including `lock_release` on `lock` (except for a
+/// reentrant lock's hold owned by the thread that acquired it, which only that thread may
+/// release: from the callback `lock_release` then gives `LOCK_NOT_HELD`, and the handle
+/// stays valid).
 pub type lock_lost_cb =
     Option<unsafe extern "C" fn(lock: lock_t, reason: i32, user_data: *mut c_void)>;
 
@@ -525,7 +528,8 @@ pub unsafe extern "C" fn lock_acquire_options_init(
 /// `LOCK_ERR_REPLICATION` (too few replicas acknowledged: rolled back; see
 /// `lock_acquire_options_t.min_replicas`),
 /// `LOCK_CANCELLED` (see `lock_cancel_all`), `LOCK_ERR_ARGUMENT` (NULL, empty, over-long,
-/// reserved (`redlease:...`) or non-UTF-8 key, ttl under 10 ms), `LOCK_ERR_HANDLE`,
+/// reserved (`redlease:...`) or non-UTF-8 key, ttl under 10 ms or over 2^40 ms, a wait
+/// over 2^40 ms other than `UINT64_MAX`), `LOCK_ERR_HANDLE`,
 /// `LOCK_ERR_CONNECTION` (also when a request's reply was lost: the lock is then not held
 /// by this caller, who tried to withdraw; at worst it lapses after its lease),
 /// `LOCK_ERR_REDIS`. Returns within `wait_ms` plus one request's bounds (connect and I/O

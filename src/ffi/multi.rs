@@ -31,7 +31,10 @@ struct Handles {
 /// long as it takes. On `LOCK_OK`, `out_locks[i]` is an ordinary handle for `names[i]`
 /// (release each, or all with `lock_release`; each has its own fencing token and lease).
 /// `opts->on_lost` is called once, with the handle of the first name lost: the whole set
-/// is lost then; its `user_data` is given back once every handle is done with it.
+/// is lost then, and the program should give every handle back (each handle still
+/// answers for its own name only: `lock_is_held` on another name's handle may say 1, and
+/// its `lock_release` `LOCK_OK`, unlike the Rust `MultiGuard`, which reports the whole
+/// set); its `user_data` is given back once every handle is done with it.
 /// `opts->reentrant`, `owner` and `min_replicas` are refused.
 ///
 /// Results as `lock_acquire_opts` (for the first name that could not be taken), and

@@ -1119,3 +1119,20 @@ fn without_renewal_a_name_taken_a_round_trip_before_is_not_extended() {
         assert_eq!(requests_naming_the_first(false), renewed);
     }
 }
+
+/// A wait longer than the longest one name accepts is refused alike, nothing sent.
+#[test]
+fn a_wait_past_the_longest_is_refused_as_for_one_name() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    for wait in [Duration::from_millis((1 << 40) + 1), Duration::MAX] {
+        let err = client
+            .lock_all(&["wait-a", "wait-b"])
+            .acquire_timeout(wait)
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        let one = client.lock("wait-a").acquire_timeout(wait).unwrap_err();
+        assert_eq!(one.kind(), ErrorKind::InvalidArgument, "{one}");
+    }
+    assert_eq!(server.cmd::<i64>(&["DBSIZE"]), 0);
+}
