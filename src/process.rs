@@ -25,9 +25,30 @@ thread_local! {
 /// the caller's code runs, and none is taken while another is held, so this cannot
 /// deadlock with a thread of the library.
 extern "C" fn before_fork() {
-    let mut held = crate::renewal::hold_for_fork();
-    held.extend(crate::ffi::hold_for_fork());
+    let holds = HOLDS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let held: Vec<Box<dyn Any>> = holds.iter().flat_map(|hold| hold()).collect();
+    drop(holds);
     HELD_FOR_FORK.with(|h| h.borrow_mut().extend(held));
+}
+
+/// What takes a global lock across `fork()`: returns its guards.
+pub(crate) type Hold = fn() -> Vec<Box<dyn Any>>;
+
+/// The global locks held across `fork()` (see [`before_fork`]), each registered once by
+/// the module that owns it (a registry, so that this module imports none of them).
+static HOLDS: std::sync::Mutex<Vec<Hold>> = std::sync::Mutex::new(Vec::new());
+
+/// Registers `hold` to run before every `fork()` (once per function).
+pub(crate) fn hold_across_fork(hold: Hold) {
+    generation();
+    let mut holds = HOLDS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !holds.iter().any(|h| std::ptr::fn_addr_eq(*h, hold)) {
+        holds.push(hold);
+    }
 }
 
 /// Gives the locks of [`before_fork`] back, last taken first.

@@ -154,6 +154,8 @@ static PARKED: Mutex<Parked> = Mutex::new(Parked {
 });
 
 fn parked() -> MutexGuard<'static, Parked> {
+    static HELD_ACROSS_FORK: std::sync::Once = std::sync::Once::new();
+    HELD_ACROSS_FORK.call_once(|| process::hold_across_fork(hold_for_fork));
     let mut p = sync::lock(&PARKED);
     let current = process::generation();
     if p.process != current {
@@ -164,7 +166,7 @@ fn parked() -> MutexGuard<'static, Parked> {
 }
 
 /// The parked threads' lock, held across `fork()` (see [`crate::process`]).
-pub(crate) fn hold_for_fork() -> Vec<Box<dyn std::any::Any>> {
+fn hold_for_fork() -> Vec<Box<dyn std::any::Any>> {
     #[cfg(not(feature = "shuttle"))]
     {
         vec![Box::new(sync::lock(&PARKED))]

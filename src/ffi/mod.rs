@@ -199,8 +199,15 @@ fn with_guard<T>(
     f(&entry.guard)
 }
 
+/// Registers the handle tables' locks to be held across `fork()`, once (every call of
+/// the C ABI comes through here, through `status::boundary`).
+pub(crate) fn hold_tables_across_fork() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| crate::process::hold_across_fork(hold_for_fork));
+}
+
 /// The handle tables' locks, held across `fork()` (see [`crate::process`]).
-pub(crate) fn hold_for_fork() -> Vec<Box<dyn std::any::Any>> {
+fn hold_for_fork() -> Vec<Box<dyn std::any::Any>> {
     #[cfg(not(feature = "shuttle"))]
     {
         vec![

@@ -147,6 +147,7 @@ pub(crate) fn last_error() -> *const c_char {
 /// Runs an exported body: a panic becomes `LOCK_ERR_INTERNAL`, a failure its status, and
 /// the thread's last error message is set (empty on success).
 pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Failure>) -> i32 {
+    super::hold_tables_across_fork();
     let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<&str>()
