@@ -343,7 +343,9 @@ else
     if got[1] and got[1] == got[2] then
       return take_grant()
     end
-    holder = got[2]
+    -- MGET reads another kind's key (a semaphore, a read-write lock that took the name
+    -- meanwhile) as nil: GET fails on it with WRONGTYPE, as every other attempt does.
+    holder = got[2] or redis.call('GET', KEYS[1])
   else
     holder = redis.call('GET', KEYS[1])
   end

@@ -408,7 +408,7 @@ mod tests {
     fn a_leading_attempts_busy_reply_is_under_the_low_water_mark_and_its_blocks_over_it() {
         use std::io::{Read, Write};
         let server = RedisServer::start();
-        let holder_ms = ["-1", "5", "60000", "86400000"];
+        let holder_ms = ["-1", "500", "60000", "86400000"];
         let kinds = [
             Kind::Mutex,
             Kind::Reentrant("o".into()),

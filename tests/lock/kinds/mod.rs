@@ -236,3 +236,42 @@ fn faults(proxy: Arc<Proxy>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u
 
 /// One hold as its holder believed it: `(start, end)` in ns, and who.
 type Log = Arc<Mutex<Vec<(u64, u64, usize)>>>;
+
+/// A mutex waiter whose name was taken meanwhile by another kind (the key deleted, or its
+/// holder's lease run out, while the waiter was blocked) gets the other-kind error at its
+/// next attempt, and leaves that lock alone: it used to overwrite it, and a second holder
+/// of a one-permit semaphore got in beside the first.
+#[test]
+fn a_mutex_waiter_never_overwrites_a_name_another_kind_took_meanwhile() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let holder = client.lock("switch").try_acquire().unwrap();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            client
+                .lock("switch")
+                .acquire_timeout(Duration::from_secs(10))
+                .map(drop)
+        })
+    };
+    assert!(crate::support::eventually(Duration::from_secs(5), || {
+        client.inspect("switch").unwrap().waiters == 1
+    }));
+    server.cmd::<i64>(&["DEL", "switch"]);
+    let permit = client.semaphore("switch", 1).try_acquire().unwrap();
+    let err = waiter.join().unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Server, "{err}");
+    assert!(err.message().contains("another kind"), "{err}");
+    assert_eq!(server.cmd::<String>(&["TYPE", "switch"]), "zset");
+    assert!(permit.is_held());
+    assert!(
+        client
+            .semaphore("switch", 1)
+            .try_acquire()
+            .unwrap_err()
+            .is_busy()
+    );
+    permit.release().unwrap();
+    drop(holder);
+}
