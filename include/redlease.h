@@ -25,7 +25,9 @@
  *   acquire ends early only when cancelled on purpose (lock_cancel, lock_cancel_all, or
  *   an on_interrupt callback that asks for it), with LOCK_CANCELLED and nothing held.
  * - After fork(), a child must not use locks acquired by its parent: they report
- *   LOCK_NOT_HELD and nothing is sent. Open a new client in the child.
+ *   LOCK_NOT_HELD and nothing is sent (also in a child made by _Fork() or a raw clone,
+ *   and while other threads of the parent were inside the library at the fork: the
+ *   library holds its own global locks across fork()). Open a new client in the child.
  * - The library's diagnostics (renewal retries, lost locks, server warnings) go nowhere
  *   until lock_set_log_callback gives them a destination.
  *
