@@ -336,8 +336,15 @@ pub(crate) fn attempt_all(reply: Option<Value>, held: &[bool]) -> Result<GroupRe
     }
 }
 
-/// Reads an extend script's reply: 1 extended, 0 not held.
+/// Reads an extend script's reply: 1 extended, 0 not held. A `WRONGTYPE` error is not held
+/// too: the name is a lock of another kind now (each extend script fails on such a key
+/// before it writes), which no hold of this kind can be part of.
 pub(crate) fn extend(reply: Option<Value>) -> Result<ExtendReply> {
+    if let Some(Value::ServerError(e)) = &reply
+        && e.code() == "WRONGTYPE"
+    {
+        return Ok(ExtendReply::NotHeld);
+    }
     let reply = value(reply)?;
     match int(&reply) {
         Some(1) => Ok(ExtendReply::Extended),
@@ -400,6 +407,18 @@ mod tests {
         assert!(member_attempt(Some(oom), ttl).is_err());
         assert!(member_attempt(Some(Value::Int(1)), ttl).is_err());
         assert!(member_attempt(None, ttl).is_err());
+    }
+
+    #[test]
+    fn an_extend_failing_on_a_key_of_another_type_is_not_held() {
+        let error = |text: &[u8]| redis::parse_redis_value(text).unwrap();
+        let wrong = error(
+            b"-WRONGTYPE Operation against a key holding the wrong kind of value script: x\r\n",
+        );
+        assert_eq!(extend(Some(wrong)).unwrap(), ExtendReply::NotHeld);
+        assert!(extend(Some(error(b"-OOM command not allowed\r\n"))).is_err());
+        assert_eq!(extend(Some(Value::Int(1))).unwrap(), ExtendReply::Extended);
+        assert_eq!(extend(Some(Value::Int(0))).unwrap(), ExtendReply::NotHeld);
     }
 
     #[test]

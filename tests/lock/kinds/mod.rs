@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redlease::ErrorKind;
+use redlease::{ErrorKind, LostReason};
 
 use crate::support::Rng as Jitter;
 use crate::support::proxy::{Action, Proxy};
@@ -273,5 +273,45 @@ fn a_mutex_waiter_never_overwrites_a_name_another_kind_took_meanwhile() {
             .is_busy()
     );
     permit.release().unwrap();
+    drop(holder);
+}
+
+/// A release of one kind hands its hold to the first direct registration in the queue the
+/// kinds share, which may be a waiter of another kind registered before the name switched
+/// kind: the semaphore's count still holds (the permit is counted), and the waiter is told
+/// at its first renewal that its lock is not held, not left to believe it until its lease
+/// runs out.
+#[test]
+fn a_waiter_handed_a_hold_of_another_kind_is_told_at_its_renewal_that_it_is_not_held() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let holder = client.lock("switch").try_acquire().unwrap();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let guard = client
+                .lock("switch")
+                .ttl(Duration::from_secs(3))
+                .acquire_timeout(Duration::from_secs(10))
+                .unwrap();
+            guard.lost().recv_timeout(Duration::from_secs(10))
+        })
+    };
+    assert!(crate::support::eventually(Duration::from_secs(5), || {
+        client.inspect("switch").unwrap().waiters == 1
+    }));
+    server.cmd::<i64>(&["DEL", "switch"]);
+    let permit = client.semaphore("switch", 1).try_acquire().unwrap();
+    permit.release().unwrap();
+    assert_eq!(server.cmd::<String>(&["TYPE", "switch"]), "zset");
+    assert!(
+        client
+            .semaphore("switch", 1)
+            .try_acquire()
+            .unwrap_err()
+            .is_busy(),
+        "the permit handed to the mutex waiter is counted"
+    );
+    assert_eq!(waiter.join().unwrap(), Ok(LostReason::NotHeld));
     drop(holder);
 }
