@@ -580,7 +580,7 @@ class Lock:
             if not self.release():
                 raise LockNotHeldError(
                     f"{self._what} was lost before the end of the with block "
-                    f"({self.lost_reason or 'expired'}): the block ran partly unprotected",
+                    f"({self.lost_reason or 'not_held'}): the block ran partly unprotected",
                     LOCK_NOT_HELD,
                 )
             return
@@ -596,7 +596,7 @@ class Lock:
         if not released:
             log.warning(
                 "redlease: %s was lost (%s) before the end of a with block that raised %s",
-                self._what, self.lost_reason or "expired", exc_type.__name__,
+                self._what, self.lost_reason or "not_held", exc_type.__name__,
             )
 
     def __del__(self) -> None:

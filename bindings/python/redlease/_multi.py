@@ -198,7 +198,7 @@ class MultiLock:
         if exc_type is None and not released:
             raise LockNotHeldError(
                 f"lock_all {self.names} was lost before the end of the with block "
-                f"({self.lost_reason or 'expired'}): the block ran partly unprotected",
+                f"({self.lost_reason or 'not_held'}): the block ran partly unprotected",
                 LOCK_NOT_HELD,
             )
 

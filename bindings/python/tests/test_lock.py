@@ -102,6 +102,14 @@ def test_leaving_a_with_block_after_losing_the_lock_raises(client, r):
             raise KeyError("the block's own error")
 
 
+def test_a_with_block_whose_key_was_deleted_says_not_held_not_expired(client, r):
+    # The release finds the key gone before any renewal reported it: the message says
+    # what is known (not held), not a guess (expired) about a lease with 30 s left.
+    with pytest.raises(LockNotHeldError, match=r"\(not_held\)"):
+        with client.lock("deleted-in-block", ttl=30.0, wait=0):
+            r.delete("deleted-in-block")
+
+
 def test_renewal_keeps_a_short_lock_for_many_ttls(client, r):
     # A 1 s lease, for three seconds: a 300 ms one would be lost (rightly) if anything
     # stalled its renewal for ~200 ms, as a loaded host can.
