@@ -46,8 +46,10 @@ const HEADER_TOP: &str = "\
  *   an on_interrupt callback that asks for it), with LOCK_CANCELLED and nothing held.
  * - After fork(), a child must not use locks acquired by its parent: they report
  *   LOCK_NOT_HELD and nothing is sent (also in a child made by _Fork() or a raw clone,
- *   and while other threads of the parent were inside the library at the fork: the
- *   library holds its own global locks across fork()). Open a new client in the child.
+ *   and while other threads of the parent were inside the library at the fork, also in
+ *   the log callback: the library holds its own global locks across fork(), never while
+ *   a callback runs). Open a new client in the child: its tokens and reentrant owners are
+ *   its own, and closing the clients it inherited ends none of its parent's connections.
  * - The library's diagnostics (renewal retries, lost locks, server warnings) go nowhere
  *   until lock_set_log_callback gives them a destination.
  *

@@ -26,8 +26,10 @@
  *   an on_interrupt callback that asks for it), with LOCK_CANCELLED and nothing held.
  * - After fork(), a child must not use locks acquired by its parent: they report
  *   LOCK_NOT_HELD and nothing is sent (also in a child made by _Fork() or a raw clone,
- *   and while other threads of the parent were inside the library at the fork: the
- *   library holds its own global locks across fork()). Open a new client in the child.
+ *   and while other threads of the parent were inside the library at the fork, also in
+ *   the log callback: the library holds its own global locks across fork(), never while
+ *   a callback runs). Open a new client in the child: its tokens and reentrant owners are
+ *   its own, and closing the clients it inherited ends none of its parent's connections.
  * - The library's diagnostics (renewal retries, lost locks, server warnings) go nowhere
  *   until lock_set_log_callback gives them a destination.
  *
@@ -279,8 +281,9 @@ typedef uint64_t lock_t;
  * thread whose `lock_extend` found the lock gone): keep it short and do not block. It may
  * call any function of this library, including `lock_release` on `lock` (except for a
  * reentrant lock's hold owned by the thread that acquired it, which only that thread may
- * release: from the callback `lock_release` then gives `LOCK_NOT_HELD`, and the handle
- * stays valid).
+ * release: from the callback on any other thread `lock_release` gives `LOCK_NOT_HELD`,
+ * and the handle stays valid; from the callback that the owning thread's own
+ * `lock_extend` runs, it releases).
  */
 typedef void (*lock_lost_cb)(lock_t lock, int32_t reason, void *user_data);
 

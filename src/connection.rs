@@ -213,7 +213,7 @@ impl Connector {
             replies: ReplyBuffer::new(),
             broken: false,
             pending: 0,
-            process: process::generation(),
+            process: process::Process::current(),
             addr: self.addr.clone(),
             scripts: Vec::new(),
             quiet: None,
@@ -545,7 +545,7 @@ pub(crate) struct Connection {
     broken: bool,
     /// Replies sent for and not read yet; a connection is reusable only at 0.
     pending: usize,
-    process: u64,
+    process: process::Process,
     /// The server's address, for messages.
     addr: Addr,
     /// Scripts this connection's server was seen to have cached (by their SHA1).
@@ -778,7 +778,7 @@ impl Connection {
     /// the process that opened it. Looks at the socket not at all: see
     /// [`is_usable`](Self::is_usable).
     pub fn is_in_step(&self) -> bool {
-        !self.broken && self.pending == 0 && self.process == process::generation()
+        !self.broken && self.pending == 0 && self.process.same_generation()
     }
 
     /// How [`usable_together`] looks at this connection.
@@ -873,8 +873,9 @@ enum Look {
 impl Drop for Connection {
     fn drop(&mut self) {
         // A forked child closes only its copy of the descriptor (done by Socket's drop);
-        // it must not send a TLS close_notify on the parent's session, nor end it.
-        if self.process != process::generation() {
+        // it must not send a TLS close_notify on the parent's session, nor end it (nor may
+        // a child made by `_Fork()`, which the generation does not tell: the pid does).
+        if !self.process.is_current() {
             return;
         }
         let socket = match &mut self.io {

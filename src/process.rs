@@ -110,4 +110,11 @@ impl Process {
     pub(crate) fn is_current(&self) -> bool {
         self.generation == generation() && self.pid == std::process::id()
     }
+
+    /// Whether no fork with the fork handlers came between: [`is_current`](Self::is_current)
+    /// without its system call, for checks on every request (a child made by `_Fork()` is
+    /// told to open clients of its own; it must not use its parent's).
+    pub(crate) fn same_generation(&self) -> bool {
+        self.generation == generation()
+    }
 }

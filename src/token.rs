@@ -1,7 +1,8 @@
 //! Lock tokens: UUIDv4 values drawn from the operating system's CSPRNG.
 //!
 //! Bytes are fetched from the OS (`getrandom(2)`) a page at a time and used once each, so a
-//! token costs no system call of its own. A forked child discards the buffer it inherited,
+//! token costs no system call but `getpid`. A forked child discards the buffer it inherited
+//! (also one made by `_Fork()` or a raw `clone`, which run no fork handlers: the pid tells),
 //! so parent and child never hand out the same token.
 
 use std::cell::RefCell;
@@ -13,12 +14,13 @@ const BATCH: usize = 4096;
 struct Pool {
     bytes: [u8; BATCH],
     used: usize,
-    process: u64,
+    /// The process the bytes were drawn in (none yet: `None`).
+    process: Option<process::Process>,
 }
 
 thread_local! {
     static RANDOM: RefCell<Pool> = const {
-        RefCell::new(Pool { bytes: [0; BATCH], used: BATCH, process: u64::MAX })
+        RefCell::new(Pool { bytes: [0; BATCH], used: BATCH, process: None })
     };
 }
 
@@ -27,11 +29,11 @@ fn random_16() -> [u8; 16] {
     RANDOM
         .try_with(|pool| {
             let mut pool = pool.borrow_mut();
-            let current = process::generation();
-            if pool.used + 16 > BATCH || pool.process != current {
+            let current = process::Process::current();
+            if pool.used + 16 > BATCH || pool.process != Some(current) {
                 fill(&mut pool.bytes);
                 pool.used = 0;
-                pool.process = current;
+                pool.process = Some(current);
             }
             let mut out = [0u8; 16];
             out.copy_from_slice(&pool.bytes[pool.used..pool.used + 16]);
@@ -82,12 +84,13 @@ pub(crate) fn handoff_token(token: &str) -> String {
 }
 
 /// The reentrant owner that stands for the calling thread: unique to this thread of this
-/// process (a random UUID per thread, drawn again in a forked child), on every host.
+/// process (a random UUID per thread, drawn again in a forked child, also one made by
+/// `_Fork()`), on every host.
 pub(crate) fn thread_owner() -> String {
     thread_local! {
-        static OWNER: RefCell<Option<(u64, String)>> = const { RefCell::new(None) };
+        static OWNER: RefCell<Option<(process::Process, String)>> = const { RefCell::new(None) };
     }
-    let current = process::generation();
+    let current = process::Process::current();
     OWNER
         .try_with(|owner| {
             let mut owner = owner.borrow_mut();

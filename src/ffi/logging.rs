@@ -1,13 +1,21 @@
 //! Routes the library's `log` records to a C callback (`lock_set_log_callback`).
 //!
 //! One [`log::Log`] implementation is installed in the process the first time a callback
-//! is set. It forwards each record at or above the caller's level to the callback, under a
-//! read lock that `lock_set_log_callback` takes for writing: once that call returns, the
-//! previous callback is never called again, so its `user_data` may be freed.
+//! is set. It forwards each record at or above the caller's level to the callback, counted
+//! in flight while it runs; `lock_set_log_callback` waits until none of the previous
+//! callback's calls is in flight (new calls go to the new one, so the wait ends), so once
+//! it returns, the previous callback is never called again and its `user_data` may be
+//! freed.
+//!
+//! No lock is held while the callback runs: a callback may wait for something the thread
+//! that forks holds (Python's GIL), and the lock of the count is held across `fork()` (see
+//! [`crate::process`]). The calls in flight at a fork are the parent's: a forked child does
+//! not wait for them.
 
 use std::cell::Cell;
 use std::ffi::{CString, c_char, c_void};
-use std::sync::{OnceLock, PoisonError, RwLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
@@ -50,16 +58,69 @@ struct Sink {
     callback: unsafe extern "C" fn(i32, *const c_char, *const c_char, *mut c_void),
     user_data: *mut c_void,
     max: LevelFilter,
+    /// Calls of this callback running now (changed only under [`ROUTE`]'s lock).
+    in_flight: AtomicUsize,
 }
 
 // SAFETY: `user_data` is only handed back to the caller's callback; the header tells the
 // caller that the callback runs on any thread that logs.
 unsafe impl Send for Sink {}
-// SAFETY: as for Send; the sink is never mutated while shared (it is replaced whole under
-// the write lock).
+// SAFETY: as for Send; the callback and `user_data` are never changed once set, the count
+// is atomic.
 unsafe impl Sync for Sink {}
 
-static SINK: RwLock<Option<Sink>> = RwLock::new(None);
+/// The current sink, and the process ([`crate::process::generation`]) that counted its
+/// calls in flight.
+struct Route {
+    sink: Option<Arc<Sink>>,
+    generation: u64,
+}
+
+static ROUTE: Mutex<Route> = Mutex::new(Route {
+    sink: None,
+    generation: 0,
+});
+
+/// Signalled when a call in flight ends.
+static ENDED: Condvar = Condvar::new();
+
+/// The route, locked (held only for bookkeeping, never while a callback runs). In a forked
+/// child, the calls counted in flight were the parent's threads': none is in flight here.
+fn route() -> MutexGuard<'static, Route> {
+    let mut route = ROUTE.lock().unwrap_or_else(PoisonError::into_inner);
+    let current = crate::process::generation();
+    if route.generation != current {
+        route.generation = current;
+        if let Some(sink) = &route.sink {
+            sink.in_flight.store(0, Ordering::Relaxed);
+        }
+    }
+    route
+}
+
+/// The route's lock, held across `fork()` (see [`crate::process`]).
+fn hold_for_fork() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(
+        ROUTE.lock().unwrap_or_else(PoisonError::into_inner),
+    )]
+}
+
+/// One call of `sink` in flight, counted until dropped.
+struct InFlight {
+    sink: Arc<Sink>,
+    generation: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let route = route();
+        if route.generation == self.generation {
+            self.sink.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+        drop(route);
+        ENDED.notify_all();
+    }
+}
 
 /// Whether the process's `log` logger is ours (set once, on the first call).
 static INSTALLED: OnceLock<bool> = OnceLock::new();
@@ -76,25 +137,38 @@ static BRIDGE: Bridge = Bridge;
 
 impl Log for Bridge {
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        let sink = SINK.read().unwrap_or_else(PoisonError::into_inner);
-        sink.as_ref().is_some_and(|s| metadata.level() <= s.max)
+        route()
+            .sink
+            .as_ref()
+            .is_some_and(|s| metadata.level() <= s.max)
     }
 
     fn log(&self, record: &Record<'_>) {
         if in_callback() {
             return;
         }
-        let sink = SINK.read().unwrap_or_else(PoisonError::into_inner);
-        let Some(sink) = sink.as_ref() else { return };
-        if record.level() > sink.max {
-            return;
-        }
+        let call = {
+            let route = route();
+            let Some(sink) = route.sink.clone() else {
+                return;
+            };
+            if record.level() > sink.max {
+                return;
+            }
+            sink.in_flight.fetch_add(1, Ordering::Relaxed);
+            InFlight {
+                sink,
+                generation: route.generation,
+            }
+        };
+        let sink = &call.sink;
         let message = c_string(record.args().to_string());
         let target = c_string(record.target().to_owned());
         let _flag = CallbackFlag::set();
         // SAFETY: the caller of lock_set_log_callback promised a function callable from any
         // thread with these arguments; both strings live until the call returns, and the
-        // read lock keeps the sink (and the caller's `user_data`) current during it.
+        // call is counted in flight, which keeps a replacing lock_set_log_callback from
+        // returning (so the caller's `user_data` stays valid) until it ends.
         unsafe {
             (sink.callback)(
                 level_code(record.level()),
@@ -179,6 +253,7 @@ pub(crate) fn set_callback(
                 callback,
                 user_data,
                 max,
+                in_flight: AtomicUsize::new(0),
             })
         }
     };
@@ -191,9 +266,18 @@ pub(crate) fn set_callback(
              callback",
         ));
     }
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| crate::process::hold_across_fork(hold_for_fork));
     let max = sink.as_ref().map_or(LevelFilter::Off, |s| s.max);
-    // Waits for callbacks in flight: after this, the previous callback is never called.
-    *SINK.write().unwrap_or_else(PoisonError::into_inner) = sink;
+    let mut route = route();
+    let previous = std::mem::replace(&mut route.sink, sink.map(Arc::new));
+    // Waits for the previous callback's calls in flight: after this, it is never called.
+    if let Some(previous) = previous {
+        while previous.in_flight.load(Ordering::Relaxed) > 0 {
+            route = ENDED.wait(route).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+    drop(route);
     log::set_max_level(max);
     Ok(())
 }

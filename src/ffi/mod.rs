@@ -65,8 +65,9 @@ pub const LOCK_LOST_UNREACHABLE: i32 = 2;
 /// thread whose `lock_extend` found the lock gone): keep it short and do not block. It may
 /// call any function of this library, including `lock_release` on `lock` (except for a
 /// reentrant lock's hold owned by the thread that acquired it, which only that thread may
-/// release: from the callback `lock_release` then gives `LOCK_NOT_HELD`, and the handle
-/// stays valid).
+/// release: from the callback on any other thread `lock_release` gives `LOCK_NOT_HELD`,
+/// and the handle stays valid; from the callback that the owning thread's own
+/// `lock_extend` runs, it releases).
 pub type lock_lost_cb =
     Option<unsafe extern "C" fn(lock: lock_t, reason: i32, user_data: *mut c_void)>;
 

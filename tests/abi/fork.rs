@@ -1,7 +1,8 @@
 //! A forked child of a process whose threads use the library: its calls on its parent's
 //! handles report `LOCK_NOT_HELD` and never wait for a lock a parent's thread held at the
 //! fork, a new client of its own works, and a child made without the fork handlers
-//! (`_Fork()`, a raw `fork` system call) cannot release its parent's lock either.
+//! (`_Fork()`, a raw `fork` system call) cannot release its parent's lock either, nor
+//! draw its parent's tokens or reentrant owner, nor end its parent's connections.
 
 use std::ffi::CString;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use redlease::ffi::*;
+use redlease::{Client, ClientOptions};
 
 use crate::support::RedisServer;
 
@@ -111,7 +113,22 @@ fn a_child_forked_while_threads_use_the_library_neither_hangs_nor_holds() {
 }
 
 /// A child made by the `fork` system call itself, which runs no fork handlers (as glibc's
-/// `_Fork()`), still cannot release its parent's lock: the pid tells it apart.
+/// `_Fork()`). Only the child runs `child`, then exits with its return value; the parent
+/// gets the child's pid.
+fn raw_fork(child: impl FnOnce() -> i32) -> libc::pid_t {
+    // SAFETY: a raw fork; the child runs only `child` (calls of the library) and _exit.
+    let pid = unsafe { libc::syscall(libc::SYS_fork) } as libc::pid_t;
+    if pid == 0 {
+        let code = child();
+        // SAFETY: ends the child without running its parent's destructors.
+        unsafe { libc::_exit(code) }
+    }
+    assert!(pid > 0, "fork failed");
+    pid
+}
+
+/// A child made without the fork handlers still cannot release its parent's lock: the pid
+/// tells it apart.
 #[test]
 fn a_child_forked_without_the_fork_handlers_cannot_release_its_parents_lock() {
     let server = RedisServer::start();
@@ -134,4 +151,113 @@ fn a_child_forked_without_the_fork_handlers_cannot_release_its_parents_lock() {
     assert_eq!(server.cmd::<i64>(&["EXISTS", "fork:raw"]), 1);
     assert_eq!(lock_release(lock), LOCK_OK);
     assert_eq!(lock_client_close(client), LOCK_OK);
+}
+
+/// The parent's thread holds a reentrant lock. A child made without the fork handlers, on
+/// a client of its own, is another process: it must find the lock busy, not join the hold
+/// as the same thread (its owner id is drawn again).
+#[test]
+fn a_child_forked_without_the_fork_handlers_is_not_its_parents_reentrant_owner() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let client = Client::open(&url).unwrap();
+    let held = client
+        .lock("fork:reentrant")
+        .reentrant()
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .unwrap();
+    let pid = raw_fork(|| match Client::open(&url) {
+        Err(_) => 3,
+        Ok(own) => match own
+            .lock("fork:reentrant")
+            .reentrant()
+            .renew(false)
+            .try_acquire()
+        {
+            Ok(hold) => {
+                std::mem::forget(hold);
+                1
+            }
+            Err(e) if e.is_busy() => 0,
+            Err(_) => 2,
+        },
+    });
+    let status = exit_status(pid);
+    held.release().unwrap();
+    assert_eq!(
+        status,
+        Some(0),
+        "1: the child joined its parent's reentrant hold; 2, 3: an error; None: it hung"
+    );
+}
+
+/// Both processes label their tokens alike (`owner_label`), and the parent's thread has
+/// drawn a token before the fork. A child made without the fork handlers takes a lock and
+/// keeps it; the parent's next acquire of that name must find it busy: it would take it
+/// for a repeated attempt of its own if it drew the child's token.
+#[test]
+fn a_child_forked_without_the_fork_handlers_draws_tokens_of_its_own() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let options = || ClientOptions::default().owner_label("billing");
+    let client = Client::with_options(&url, options()).unwrap();
+    client
+        .lock("fork:warm")
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+    let pid = raw_fork(|| match Client::with_options(&url, options()) {
+        Err(_) => 3,
+        Ok(own) => match own
+            .lock("fork:token")
+            .renew(false)
+            .ttl(Duration::from_secs(30))
+            .try_acquire()
+        {
+            Ok(hold) => {
+                std::mem::forget(hold);
+                0
+            }
+            Err(_) => 2,
+        },
+    });
+    assert_eq!(
+        exit_status(pid),
+        Some(0),
+        "the child could not take the lock"
+    );
+    let childs = server.get("fork:token").expect("the child's hold");
+    match client.lock("fork:token").try_acquire() {
+        Ok(hold) => panic!(
+            "the parent took the child's lock with the child's token: {} and {childs}",
+            hold.token()
+        ),
+        Err(e) => assert!(e.is_busy(), "{e}"),
+    }
+}
+
+/// A child made without the fork handlers closes the client it inherited (as a C program
+/// tidies up before it exits): its copies of the parent's connections must not end them
+/// on the server.
+#[test]
+fn a_child_forked_without_the_fork_handlers_leaves_its_parents_connections_open() {
+    let server = RedisServer::start();
+    let client = open(&server.url());
+    let lock = acquire(client, "fork:connections");
+    assert_eq!(lock_extend(lock, 30_000), LOCK_OK); // an idle connection in the pool
+    let connections = || server.cmd::<String>(&["CLIENT", "LIST"]).lines().count();
+    let before = connections();
+    let pid = raw_fork(|| i32::from(lock_client_close(client) != LOCK_OK));
+    assert_eq!(
+        exit_status(pid),
+        Some(0),
+        "the child's close failed or hung"
+    );
+    // (A connection the child ended goes from the list as soon as the server reads it.)
+    let cut = crate::support::eventually(Duration::from_millis(500), || connections() < before);
+    assert_eq!(lock_release(lock), LOCK_OK);
+    assert_eq!(lock_client_close(client), LOCK_OK);
+    assert!(!cut, "the child's close ended its parent's connections");
 }
