@@ -6,11 +6,18 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::Once;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 static FORKS: AtomicU64 = AtomicU64::new(0);
-static REGISTER: Once = Once::new();
+
+/// Whether the fork handlers are registered: [`UNREGISTERED`], [`REGISTERING`] (by one
+/// thread, which others do not wait for: a child forked meanwhile would wait for ever, as
+/// it would for a `Once` left running) or [`REGISTERED`].
+static HANDLERS: AtomicU8 = AtomicU8::new(UNREGISTERED);
+const UNREGISTERED: u8 = 0;
+const REGISTERING: u8 = 1;
+const REGISTERED: u8 = 2;
 
 thread_local! {
     /// The library's global locks, held by the forking thread from just before `fork()` to
@@ -39,6 +46,16 @@ pub(crate) type Hold = fn() -> Vec<Box<dyn Any>>;
 /// The global locks held across `fork()` (see [`before_fork`]), each registered once by
 /// the module that owns it (a registry, so that this module imports none of them).
 static HOLDS: std::sync::Mutex<Vec<Hold>> = std::sync::Mutex::new(Vec::new());
+
+/// [`hold_across_fork`] unless `done` says it was registered already: cheap on every
+/// call after the first, and never waits for another thread's registration (a `Once`
+/// would, for ever in a child forked during it).
+pub(crate) fn hold_across_fork_once(done: &AtomicBool, hold: Hold) {
+    if !done.load(Ordering::Acquire) {
+        hold_across_fork(hold);
+        done.store(true, Ordering::Release);
+    }
+}
 
 /// Registers `hold` to run before every `fork()` (once per function).
 pub(crate) fn hold_across_fork(hold: Hold) {
@@ -72,7 +89,16 @@ extern "C" fn in_child_after_fork() {
 /// mean the same process. A child made without the fork handlers (`_Fork()`, a raw
 /// `clone`) is not told apart here: [`is`] is.
 pub(crate) fn generation() -> u64 {
-    REGISTER.call_once(|| {
+    if HANDLERS.load(Ordering::Acquire) == UNREGISTERED
+        && HANDLERS
+            .compare_exchange(
+                UNREGISTERED,
+                REGISTERING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    {
         // SAFETY: the handlers lock and unlock the library's own mutexes (none held while
         // the caller's code runs) and touch an atomic.
         let rc = unsafe {
@@ -85,7 +111,8 @@ pub(crate) fn generation() -> u64 {
         if rc != 0 {
             log::error!("pthread_atfork failed ({rc}): forked children are not detected");
         }
-    });
+        HANDLERS.store(REGISTERED, Ordering::Release);
+    }
     FORKS.load(Ordering::SeqCst)
 }
 

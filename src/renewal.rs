@@ -154,8 +154,9 @@ static PARKED: Mutex<Parked> = Mutex::new(Parked {
 });
 
 fn parked() -> MutexGuard<'static, Parked> {
-    static HELD_ACROSS_FORK: std::sync::Once = std::sync::Once::new();
-    HELD_ACROSS_FORK.call_once(|| process::hold_across_fork(hold_for_fork));
+    static HELD_ACROSS_FORK: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(false);
+    process::hold_across_fork_once(&HELD_ACROSS_FORK, hold_for_fork);
     let mut p = sync::lock(&PARKED);
     let current = process::generation();
     if p.process != current {

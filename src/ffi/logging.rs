@@ -266,8 +266,8 @@ pub(crate) fn set_callback(
              callback",
         ));
     }
-    static REGISTERED: std::sync::Once = std::sync::Once::new();
-    REGISTERED.call_once(|| crate::process::hold_across_fork(hold_for_fork));
+    static REGISTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    crate::process::hold_across_fork_once(&REGISTERED, hold_for_fork);
     let max = sink.as_ref().map_or(LevelFilter::Off, |s| s.max);
     let mut route = route();
     let previous = std::mem::replace(&mut route.sink, sink.map(Arc::new));

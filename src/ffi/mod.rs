@@ -203,8 +203,8 @@ fn with_guard<T>(
 /// Registers the handle tables' locks to be held across `fork()`, once (every call of
 /// the C ABI comes through here, through `status::boundary`).
 pub(crate) fn hold_tables_across_fork() {
-    static REGISTERED: std::sync::Once = std::sync::Once::new();
-    REGISTERED.call_once(|| crate::process::hold_across_fork(hold_for_fork));
+    static REGISTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    crate::process::hold_across_fork_once(&REGISTERED, hold_for_fork);
 }
 
 /// The handle tables' locks, held across `fork()` (see [`crate::process`]).
