@@ -336,13 +336,18 @@ pub(crate) fn attempt_all(reply: Option<Value>, held: &[bool]) -> Result<GroupRe
     }
 }
 
-/// Reads an extend script's reply: 1 extended, 0 not held. A `WRONGTYPE` error is not held
-/// too: the name is a lock of another kind now (each extend script fails on such a key
-/// before it writes), which no hold of this kind can be part of.
+/// Whether `reply` is a `WRONGTYPE` error: the name is a lock of another kind now, which
+/// no hold of the caller's kind can be part of. The extend and release scripts fail on
+/// such a key before they write anything but a withdrawing waiter's removal of its own
+/// registration (which is what it asked for).
+fn other_kind(reply: &Option<Value>) -> bool {
+    matches!(reply, Some(Value::ServerError(e)) if e.code() == "WRONGTYPE")
+}
+
+/// Reads an extend script's reply: 1 extended, 0 not held; a `WRONGTYPE` error is not
+/// held too (the name is a lock of another kind now).
 pub(crate) fn extend(reply: Option<Value>) -> Result<ExtendReply> {
-    if let Some(Value::ServerError(e)) = &reply
-        && e.code() == "WRONGTYPE"
-    {
+    if other_kind(&reply) {
         return Ok(ExtendReply::NotHeld);
     }
     let reply = value(reply)?;
@@ -354,8 +359,12 @@ pub(crate) fn extend(reply: Option<Value>) -> Result<ExtendReply> {
 }
 
 /// Reads a release script's reply: 1 released, 2 (or `{2, token}`) handed off, 3 one hold
-/// of several given back, 0 not held.
+/// of several given back, 0 not held; a `WRONGTYPE` error is not held too (the name is a
+/// lock of another kind now).
 pub(crate) fn release(reply: Option<Value>) -> Result<ReleaseReply> {
+    if other_kind(&reply) {
+        return Ok(ReleaseReply::NotHeld);
+    }
     let reply = value(reply)?;
     // A grant to a direct waiter names the waiter: `{2, token}`.
     let code = match &reply {
@@ -419,6 +428,21 @@ mod tests {
         assert!(extend(Some(error(b"-OOM command not allowed\r\n"))).is_err());
         assert_eq!(extend(Some(Value::Int(1))).unwrap(), ExtendReply::Extended);
         assert_eq!(extend(Some(Value::Int(0))).unwrap(), ExtendReply::NotHeld);
+    }
+
+    #[test]
+    fn a_release_failing_on_a_key_of_another_type_is_not_held() {
+        let error = |text: &[u8]| redis::parse_redis_value(text).unwrap();
+        let wrong = error(
+            b"-WRONGTYPE Operation against a key holding the wrong kind of value script: x\r\n",
+        );
+        assert_eq!(release(Some(wrong)).unwrap(), ReleaseReply::NotHeld);
+        assert!(release(Some(error(b"-OOM command not allowed\r\n"))).is_err());
+        assert_eq!(
+            release(Some(Value::Int(1))).unwrap(),
+            ReleaseReply::Released
+        );
+        assert_eq!(release(Some(Value::Int(0))).unwrap(), ReleaseReply::NotHeld);
     }
 
     #[test]

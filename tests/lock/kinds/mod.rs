@@ -315,3 +315,68 @@ fn a_waiter_handed_a_hold_of_another_kind_is_told_at_its_renewal_that_it_is_not_
     assert_eq!(waiter.join().unwrap(), Ok(LostReason::NotHeld));
     drop(holder);
 }
+
+/// A hold whose name was deleted (as an expiry would) and then taken by another kind: its
+/// release says `NotHeld`, as its extend does, for every kind on either side (not a server
+/// error about the key's type), and leaves the other kind's hold alone.
+#[test]
+fn a_release_after_the_name_changed_kind_is_not_held() {
+    type Take = fn(&redlease::Client, &str) -> redlease::LockGuard;
+    const TTL: Duration = Duration::from_secs(30);
+    let ttl = TTL;
+    let mutex: Take = |c, n| c.lock(n).ttl(TTL).renew(false).try_acquire().unwrap();
+    let reentrant: Take = |c, n| {
+        let lock = c.lock(n).reentrant().ttl(TTL).renew(false);
+        lock.try_acquire().unwrap()
+    };
+    let permit: Take = |c, n| {
+        c.semaphore(n, 2)
+            .ttl(TTL)
+            .renew(false)
+            .try_acquire()
+            .unwrap()
+    };
+    let read: Take = |c, n| {
+        c.rwlock(n)
+            .read()
+            .ttl(TTL)
+            .renew(false)
+            .try_acquire()
+            .unwrap()
+    };
+    let write: Take = |c, n| {
+        c.rwlock(n)
+            .write()
+            .ttl(TTL)
+            .renew(false)
+            .try_acquire()
+            .unwrap()
+    };
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let mut wrong = Vec::new();
+    for (what, old, new) in [
+        ("mutex, then semaphore", mutex, permit),
+        ("reentrant, then semaphore", reentrant, permit),
+        ("semaphore, then mutex", permit, mutex),
+        ("read, then mutex", read, mutex),
+        ("write, then mutex", write, mutex),
+        ("mutex, then write", mutex, write),
+        ("semaphore, then read", permit, read),
+    ] {
+        let name = format!("kind-switch:{what}");
+        let first = old(&client, &name);
+        server.cmd::<i64>(&["DEL", &name]);
+        let second = new(&client, &name);
+        let extend = first.extend(ttl).map_err(|e| e.kind());
+        let release = first.release().map_err(|e| e.kind());
+        if extend != Err(ErrorKind::NotHeld) || release != Err(ErrorKind::NotHeld) {
+            wrong.push(format!("{what}: extend {extend:?}, release {release:?}"));
+        }
+        if second.extend(ttl).is_err() {
+            wrong.push(format!("{what}: the other kind's hold was damaged"));
+        }
+        second.release().unwrap();
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
