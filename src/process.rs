@@ -125,6 +125,13 @@ pub(crate) struct Process {
 }
 
 impl Process {
+    /// No process: never equal to [`Process::current`].
+    pub(crate) const NONE: Process = Process {
+        generation: u64::MAX,
+        pid: 0,
+    };
+
+    /// The calling process (one system call, `getpid`).
     pub(crate) fn current() -> Process {
         Process {
             generation: generation(),

@@ -28,7 +28,7 @@ use crate::core::lease::{LostReason, RenewalStep, coalescing};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lane::Lane;
 use crate::lease::{Extended, Lease};
-use crate::process;
+use crate::process::{self, Process};
 use crate::sync::{self, Arc, Condvar, Mutex, MutexGuard, Weak, thread};
 
 /// How soon a renewal thread looks again at a lease whose gate an extend holds.
@@ -62,7 +62,7 @@ struct Worker {
     /// Wakes the thread early.
     poke: Condvar,
     /// The process the thread runs in: a forked child must never hand it work.
-    process: u64,
+    process: Process,
 }
 
 struct WorkerState {
@@ -141,27 +141,39 @@ impl Worker {
 
 /// Free renewal threads.
 struct Parked {
-    /// The process the threads belong to; after `fork()` the child has none of them.
-    process: u64,
+    /// The process the threads belong to; a forked child has none of them.
+    process: Process,
     next_job: u64,
     idle: Vec<Arc<Worker>>,
 }
 
+impl Parked {
+    /// Makes the list `process`'s: the threads of another one (the parent of a forked
+    /// child) are forgotten.
+    fn belong_to(&mut self, process: Process) {
+        if self.process != process {
+            self.idle.clear();
+            self.process = process;
+        }
+    }
+}
+
 static PARKED: Mutex<Parked> = Mutex::new(Parked {
-    process: 0,
+    process: Process::NONE,
     next_job: 0,
     idle: Vec::new(),
 });
 
+/// The parked threads, locked; forgotten in a child forked with the fork handlers. (A
+/// child made by `_Fork()` is told apart only by its pid, which [`Renewal::start`] checks
+/// before it hands a thread work.)
 fn parked() -> MutexGuard<'static, Parked> {
     static HELD_ACROSS_FORK: std::sync::atomic::AtomicBool =
         std::sync::atomic::AtomicBool::new(false);
     process::hold_across_fork_once(&HELD_ACROSS_FORK, hold_for_fork);
     let mut p = sync::lock(&PARKED);
-    let current = process::generation();
-    if p.process != current {
-        p.idle.clear();
-        p.process = current;
+    if !p.process.same_generation() {
+        p.belong_to(Process::current());
     }
     p
 }
@@ -207,8 +219,10 @@ impl Renewal {
     /// Errors: [`ErrorKind::Internal`] when the OS refuses a new thread.
     pub fn start(lease: Arc<Lease>) -> Result<Renewal> {
         let due = on_grid(lease.next_renewal(), coalescing(lease.ttl()));
+        let me = Process::current();
         let (worker, id) = {
             let mut p = parked();
+            p.belong_to(me);
             p.next_job += 1;
             let id = p.next_job;
             // Prefer a thread that wakes up on its own in time.
@@ -233,7 +247,7 @@ impl Renewal {
                 worker.hand_over(job);
                 worker
             }
-            None => spawn(job)?,
+            None => spawn(job, me)?,
         };
         Ok(Renewal {
             lease,
@@ -258,7 +272,8 @@ impl Renewal {
     }
 }
 
-fn spawn(job: Job) -> Result<Arc<Worker>> {
+/// Starts a renewal thread of `process` (the caller's) for `job`.
+fn spawn(job: Job, process: Process) -> Result<Arc<Worker>> {
     let id = job.id;
     let worker = Arc::new(Worker {
         assigned: Mutex::new(id),
@@ -269,7 +284,7 @@ fn spawn(job: Job) -> Result<Arc<Worker>> {
             busy: true,
         }),
         poke: Condvar::new(),
-        process: process::generation(),
+        process,
     });
     let me = worker.clone();
     thread::Builder::new()

@@ -10,7 +10,7 @@
 //! No lock is held while the callback runs: a callback may wait for something the thread
 //! that forks holds (Python's GIL), and the lock of the count is held across `fork()` (see
 //! [`crate::process`]). The calls in flight at a fork are the parent's: a forked child does
-//! not wait for them.
+//! not wait for them, except for the forking thread's own (a callback that forked).
 
 use std::cell::Cell;
 use std::ffi::{CString, c_char, c_void};
@@ -20,6 +20,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
 use super::status::{Failure, LOCK_ERR_INTERNAL};
+use crate::process::Process;
 
 /// Log level: errors (a renewal thread panicked, fork detection unavailable).
 pub const LOCK_LOG_ERROR: i32 = 1;
@@ -69,52 +70,95 @@ unsafe impl Send for Sink {}
 // is atomic.
 unsafe impl Sync for Sink {}
 
-/// The current sink, and the process ([`crate::process::generation`]) that counted its
-/// calls in flight.
+/// The current sink, and the process that counted its calls in flight.
 struct Route {
     sink: Option<Arc<Sink>>,
-    generation: u64,
+    process: Process,
 }
 
 static ROUTE: Mutex<Route> = Mutex::new(Route {
     sink: None,
-    generation: 0,
+    process: Process::NONE,
 });
 
 /// Signalled when a call in flight ends.
 static ENDED: Condvar = Condvar::new();
 
-/// The route, locked (held only for bookkeeping, never while a callback runs). In a forked
-/// child, the calls counted in flight were the parent's threads': none is in flight here.
+/// The route, locked (held only for bookkeeping, never while a callback runs), and made
+/// the calling process's (see [`Route::adopt`]).
 fn route() -> MutexGuard<'static, Route> {
     let mut route = ROUTE.lock().unwrap_or_else(PoisonError::into_inner);
-    let current = crate::process::generation();
-    if route.generation != current {
-        route.generation = current;
-        if let Some(sink) = &route.sink {
-            sink.in_flight.store(0, Ordering::Relaxed);
-        }
+    if !route.process.is_current() {
+        route.adopt();
     }
     route
 }
 
-/// The route's lock, held across `fork()` (see [`crate::process`]).
-fn hold_for_fork() -> Vec<Box<dyn std::any::Any>> {
-    vec![Box::new(
-        ROUTE.lock().unwrap_or_else(PoisonError::into_inner),
-    )]
+impl Route {
+    /// Makes the route this (forked) process's: the calls counted in flight were its
+    /// parent's threads', none of which is here, except the calling thread's own (a
+    /// callback that forked). With the fork handlers this runs on the forking thread
+    /// (see [`HeldAcrossFork`]); in a child made by `_Fork()`, on the first thread that
+    /// logs or changes the callback, so a callback that calls `_Fork()` is not counted
+    /// in the child.
+    fn adopt(&mut self) {
+        let me = Process::current();
+        let mut own = 0;
+        let _ = CALL.try_with(|call| {
+            if let Some((counted_in, sink)) = call.get()
+                && counted_in == self.process
+                && self.sink.as_ref().is_some_and(|s| Arc::as_ptr(s) as usize == sink)
+            {
+                call.set(Some((me, sink)));
+                own = 1;
+            }
+        });
+        self.process = me;
+        if let Some(sink) = &self.sink {
+            sink.in_flight.store(own, Ordering::Relaxed);
+        }
+    }
 }
 
-/// One call of `sink` in flight, counted until dropped.
+/// The route's lock, held across `fork()` (see [`crate::process`]); in the child, the
+/// route is adopted on the forking thread as the lock is given back.
+struct HeldAcrossFork(MutexGuard<'static, Route>);
+
+impl Drop for HeldAcrossFork {
+    fn drop(&mut self) {
+        if !self.0.process.is_current() {
+            self.0.adopt();
+        }
+    }
+}
+
+fn hold_for_fork() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(HeldAcrossFork(
+        ROUTE.lock().unwrap_or_else(PoisonError::into_inner),
+    ))]
+}
+
+/// The calling thread's call of a sink in flight, counted until dropped.
 struct InFlight {
     sink: Arc<Sink>,
-    generation: u64,
+}
+
+impl InFlight {
+    /// Counts a call of `route`'s sink on this thread; `None` without a sink.
+    fn start(route: &Route) -> Option<InFlight> {
+        let sink = route.sink.clone()?;
+        sink.in_flight.fetch_add(1, Ordering::Relaxed);
+        let address = Arc::as_ptr(&sink) as usize;
+        let _ = CALL.try_with(|call| call.set(Some((route.process, address))));
+        Some(InFlight { sink })
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        let counted_in = CALL.try_with(Cell::take).ok().flatten();
         let route = route();
-        if route.generation == self.generation {
+        if counted_in.is_some_and(|(process, _)| process == route.process) {
             self.sink.in_flight.fetch_sub(1, Ordering::Relaxed);
         }
         drop(route);
@@ -126,9 +170,10 @@ impl Drop for InFlight {
 static INSTALLED: OnceLock<bool> = OnceLock::new();
 
 thread_local! {
-    /// Set on a thread while it runs the callback: a record logged from inside it is
-    /// dropped, and `lock_set_log_callback` refused, rather than deadlocking.
-    static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
+    /// Set on a thread while it runs the callback: the process that counted the call and
+    /// the sink's address. A record logged from inside the callback is dropped, and
+    /// `lock_set_log_callback` refused, rather than deadlocking.
+    static CALL: Cell<Option<(Process, usize)>> = const { Cell::new(None) };
 }
 
 struct Bridge;
@@ -149,22 +194,17 @@ impl Log for Bridge {
         }
         let call = {
             let route = route();
-            let Some(sink) = route.sink.clone() else {
+            if route.sink.as_ref().is_none_or(|s| record.level() > s.max) {
+                return;
+            }
+            let Some(call) = InFlight::start(&route) else {
                 return;
             };
-            if record.level() > sink.max {
-                return;
-            }
-            sink.in_flight.fetch_add(1, Ordering::Relaxed);
-            InFlight {
-                sink,
-                generation: route.generation,
-            }
+            call
         };
         let sink = &call.sink;
         let message = c_string(record.args().to_string());
         let target = c_string(record.target().to_owned());
-        let _flag = CallbackFlag::set();
         // SAFETY: the caller of lock_set_log_callback promised a function callable from any
         // thread with these arguments; both strings live until the call returns, and the
         // call is counted in flight, which keeps a replacing lock_set_log_callback from
@@ -183,23 +223,7 @@ impl Log for Bridge {
 }
 
 fn in_callback() -> bool {
-    IN_CALLBACK.try_with(Cell::get).unwrap_or(true)
-}
-
-/// Marks this thread as running the callback until dropped.
-struct CallbackFlag;
-
-impl CallbackFlag {
-    fn set() -> Self {
-        let _ = IN_CALLBACK.try_with(|f| f.set(true));
-        CallbackFlag
-    }
-}
-
-impl Drop for CallbackFlag {
-    fn drop(&mut self) {
-        let _ = IN_CALLBACK.try_with(|f| f.set(false));
-    }
+    CALL.try_with(|call| call.get().is_some()).unwrap_or(true)
 }
 
 fn c_string(text: String) -> CString {
@@ -268,7 +292,6 @@ pub(crate) fn set_callback(
     }
     static REGISTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     crate::process::hold_across_fork_once(&REGISTERED, hold_for_fork);
-    let max = sink.as_ref().map_or(LevelFilter::Off, |s| s.max);
     let mut route = route();
     let previous = std::mem::replace(&mut route.sink, sink.map(Arc::new));
     // Waits for the previous callback's calls in flight: after this, it is never called.
@@ -277,8 +300,8 @@ pub(crate) fn set_callback(
             route = ENDED.wait(route).unwrap_or_else(PoisonError::into_inner);
         }
     }
-    drop(route);
-    log::set_max_level(max);
+    // The sink now current, which a call that ran while this one waited may have set.
+    log::set_max_level(route.sink.as_ref().map_or(LevelFilter::Off, |s| s.max));
     Ok(())
 }
 

@@ -261,3 +261,45 @@ fn a_child_forked_without_the_fork_handlers_leaves_its_parents_connections_open(
     assert_eq!(lock_client_close(client), LOCK_OK);
     assert!(!cut, "the child's close ended its parent's connections");
 }
+
+/// The parent has renewed a lock and released it, so its renewal thread is parked, ready
+/// for the next lock. A child made without the fork handlers opens a client of its own (as
+/// the header tells it to) and takes a renewed lock with a short lease: the renewal must be
+/// the child's own thread's, not handed to the parent's parked one, which the child does
+/// not have (its lock would then expire while the child believes it holds it).
+#[test]
+fn a_child_forked_without_the_fork_handlers_gets_its_own_locks_renewed() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let client = Client::open(&url).unwrap();
+    client
+        .lock("fork:parked-renewal")
+        .ttl(Duration::from_millis(600))
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+    let pid = raw_fork(|| {
+        let Ok(own) = Client::open(&url) else {
+            return 3;
+        };
+        let Ok(hold) = own
+            .lock("fork:child-renewed")
+            .ttl(Duration::from_millis(600))
+            .try_acquire()
+        else {
+            return 2;
+        };
+        // More than three leases: held only if renewed.
+        std::thread::sleep(Duration::from_millis(2_000));
+        let code = if hold.is_held() { 0 } else { 1 };
+        std::mem::forget(hold);
+        code
+    });
+    assert_eq!(
+        exit_status(pid),
+        Some(0),
+        "1: the child's lock expired unrenewed; 2, 3: the child could not take it; None: \
+         the child hung"
+    );
+}

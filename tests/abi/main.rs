@@ -10,6 +10,7 @@
 //!   macros, and log records reaching a C callback.
 //! - `client_options`: the C client options that only C has (a CA file path).
 //! - `fork`: forked children (with and without the fork handlers) and their parent's locks.
+//! - `log_callback`: changing the C log callback while it runs, also across `fork()`.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -17,4 +18,5 @@ mod support;
 mod c_programs;
 mod client_options;
 mod fork;
+mod log_callback;
 mod packaging;

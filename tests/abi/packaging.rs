@@ -164,6 +164,7 @@ fn held(lock: lock_t) -> bool {
 /// Logging is process-wide: every step that sets a callback is in this one test.
 #[test]
 fn log_records_reach_a_c_callback_from_renewal_threads() {
+    let _one = crate::log_callback::one_at_a_time();
     static RECORDS: Mutex<Vec<Seen>> = Mutex::new(Vec::new());
     let user_data = (&raw const RECORDS).cast_mut().cast::<c_void>();
     let set = |level: i32, cb: lock_log_cb, data: *mut c_void| {
