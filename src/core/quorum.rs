@@ -7,8 +7,9 @@
 //! - Acquire: granted when a majority (N/2 + 1) said yes *and* the validity `ttl -
 //!   elapsed - drift` (elapsed from before the first write) is positive. Otherwise the
 //!   attempt is given back on every member, those that did not answer included: busy when
-//!   some member was held by another owner (or a majority granted it too late), a
-//!   connection error when too few answered to know.
+//!   a majority answered and some member was held by another owner (or a majority granted
+//!   it too late), a connection error when fewer than a majority answered (no majority
+//!   can be formed then, so a waiter's wait ends once that has lasted a grace).
 //! - Extend: extended when a majority extended it; the token is gone for good when so many
 //!   members no longer hold it that no majority ever can again; otherwise unknown.
 //! - Release: released when a majority gave the hold back (a member that handed the lock to
@@ -76,7 +77,7 @@ pub(crate) fn acquire(
         },
         detail.join("; ")
     );
-    let kind = if held > 0 || yes >= quorum(n) {
+    let kind = if yes >= quorum(n) || (held > 0 && yes + held >= quorum(n)) {
         ErrorKind::Busy
     } else {
         ErrorKind::Connection
@@ -237,6 +238,25 @@ mod tests {
             v => panic!("{v:?}"),
         }
         match acquire("k", &[granted(), busy(), down()], &NAMES, t0, ttl, t0) {
+            AcquireVerdict::GiveBack(e) => assert_eq!(e.kind(), ErrorKind::Busy),
+            v => panic!("{v:?}"),
+        }
+    }
+
+    #[test]
+    fn a_member_held_with_no_majority_answering_is_unreachable_not_busy() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(1);
+        for answers in [[busy(), down(), down()], [down(), down(), busy()]] {
+            match acquire("k", &answers, &NAMES, t0, ttl, t0) {
+                AcquireVerdict::GiveBack(e) => {
+                    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+                    assert!(e.message().contains("held by another owner"), "{e}");
+                }
+                v => panic!("{v:?}"),
+            }
+        }
+        match acquire("k", &[busy(), busy(), down()], &NAMES, t0, ttl, t0) {
             AcquireVerdict::GiveBack(e) => assert_eq!(e.kind(), ErrorKind::Busy),
             v => panic!("{v:?}"),
         }

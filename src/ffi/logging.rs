@@ -107,7 +107,10 @@ impl Route {
         let _ = CALL.try_with(|call| {
             if let Some((counted_in, sink)) = call.get()
                 && counted_in == self.process
-                && self.sink.as_ref().is_some_and(|s| Arc::as_ptr(s) as usize == sink)
+                && self
+                    .sink
+                    .as_ref()
+                    .is_some_and(|s| Arc::as_ptr(s) as usize == sink)
             {
                 call.set(Some((me, sink)));
                 own = 1;

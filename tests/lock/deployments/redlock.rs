@@ -435,3 +435,50 @@ fn a_release_handed_to_waiters_on_members_counts_as_released() {
             .expect("each member's waiter got the lock handed on");
     }
 }
+
+/// A waiter with no deadline (`acquire()`) on a lock another client holds: once two of
+/// the three primaries stop answering, its attempts keep failing to reach a majority, and
+/// the wait ends with a connection or timeout error within a grace (the I/O timeout +
+/// 0.5 s) of its first failed attempt, not when the holder's lease ends.
+#[test]
+fn an_unbounded_wait_ends_once_a_majority_stops_answering() {
+    let servers = primaries(3);
+    let list = urls(&servers);
+    let list: Vec<&str> = list.iter().map(String::as_str).collect();
+    let io = Duration::from_millis(400);
+    let options = || ClientOptions::default().io_timeout(io);
+    let holder = Client::redlock(&list, options()).unwrap();
+    let guard = holder
+        .lock("majority-gone")
+        .ttl(Duration::from_secs(60))
+        .renew(false)
+        .try_acquire()
+        .unwrap();
+    let waiter = Client::redlock(&list, options()).unwrap();
+    let waiting = std::thread::spawn(move || {
+        let wait = waiter
+            .lock("majority-gone")
+            .ttl(Duration::from_secs(60))
+            .acquire();
+        (wait.map(|g| g.token().to_owned()), Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!waiting.is_finished(), "the waiter did not wait");
+    let stopped = Instant::now();
+    servers[1].pause();
+    servers[2].pause();
+    let (outcome, ended) = within(Duration::from_secs(30), move || waiting.join().unwrap());
+    servers[1].resume();
+    servers[2].resume();
+    let error = outcome.expect_err("the waiter took a lock a majority held for another");
+    assert!(
+        matches!(error.kind(), ErrorKind::Connection | ErrorKind::Timeout),
+        "{error}"
+    );
+    // First failure within an attempt's bound (the I/O timeout), the grace, then the last
+    // attempt (another I/O timeout) and its give-back; 5 s more for a loaded host.
+    let bound = io + (io + Duration::from_millis(500)) + io * 2 + Duration::from_secs(5);
+    let took = ended.duration_since(stopped);
+    assert!(took < bound, "the wait ended {took:?} after the stop");
+    drop(guard);
+}
