@@ -770,7 +770,8 @@ return 1
 ///   permit lives before its waiter renews it), ARGV[3] withdraw, ARGV[4] the withdrawing
 ///   waiter's ttl ms, ARGV[5] the shortest lease of a handed permit, ms
 /// - Returns 1 when the permit was held (and is given back), `{1, token}` when it was
-///   handed to the waiter whose token that is, 0 when it was not held.
+///   handed to the waiter whose token that is, 0 when it was not held (also when the name
+///   is a lock of another kind now; an error from another key is the script's error).
 pub(crate) static RELEASE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{NOW}{}{}{WAITERS}{}",
@@ -780,8 +781,9 @@ pub(crate) static RELEASE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
 if ARGV[3] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[1], '!' .. ARGV[4] .. '|' .. ARGV[1])
 end
-local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not expiry then
+local expiry = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
+if not expiry or type(expiry) == 'table' then
+  -- Not held (an error: the name is a lock of another kind now).
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
@@ -937,7 +939,9 @@ return 1
 /// - ARGV[1] token, ARGV[2] grace ms, ARGV[3] withdraw, ARGV[4] `w` or `r`, ARGV[5] the
 ///   withdrawing waiter's ttl ms, ARGV[6] the shortest lease of a lock handed over, ms
 /// - Returns 1 when the hold was there (and is given back), `{1, token}` when the lock was
-///   then handed to the writer whose token that is, 0 when the hold was not there.
+///   then handed to the writer whose token that is, 0 when the hold was not there (also
+///   when the name is a lock of another kind now; an error from another key is the
+///   script's error).
 pub(crate) static RELEASE_RW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{NOW}{}{}{WAITERS}{}",
@@ -949,15 +953,22 @@ if ARGV[3] == '1' then
   local was_waiting_writer =
     redis.call('ZREM', KEYS[3], ARGV[1], '!' .. ARGV[5] .. '|' .. ARGV[1]) > 0
   redis.call('ZREM', KEYS[4], ARGV[1])
-  if was_waiting_writer and not redis.call('HGET', KEYS[1], 'w')
-      and redis.call('ZCOUNT', KEYS[3], now_ms(), '+inf') == 0 then
-    -- A writer that gives up wakes the readers it kept out.
-    wake(KEYS[5], KEYS[4], 64, tonumber(ARGV[2]))
+  if was_waiting_writer then
+    local writer = redis.pcall('HGET', KEYS[1], 'w')
+    if type(writer) == 'table' then
+      -- The name is a lock of another kind now: no hold, nobody of this kind to wake.
+      return 0
+    end
+    if not writer and redis.call('ZCOUNT', KEYS[3], now_ms(), '+inf') == 0 then
+      -- A writer that gives up wakes the readers it kept out.
+      wake(KEYS[5], KEYS[4], 64, tonumber(ARGV[2]))
+    end
   end
 end
 local field = ARGV[4] == 'w' and 'w' or 'r:' .. ARGV[1]
-local value = redis.call('HGET', KEYS[1], field)
-if not value then
+local value = redis.pcall('HGET', KEYS[1], field)
+if not value or type(value) == 'table' then
+  -- Not held (an error: the name is a lock of another kind now).
   return 0
 end
 local expiry, holder = string.match(value, '^(%d+) ?(.*)$')

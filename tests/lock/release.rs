@@ -277,3 +277,34 @@ fn releases_are_never_starved_by_blocked_waiters() {
     });
     assert_eq!(got.load(Ordering::SeqCst), 40);
 }
+
+/// A companion key of another type (written by something that is not redlease): a release
+/// that fails on it reports the server's error, never `NotHeld` ("no longer held"), for a
+/// hold that was there without a break: a semaphore's release that gave its permit back
+/// before it failed on the waiters' queue, and a mutex's that failed on the queue before
+/// it deleted the key (which still holds the token).
+#[test]
+fn a_release_failing_on_a_companion_key_of_another_type_is_a_server_error() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let ttl = Duration::from_secs(30);
+
+    let permit = client
+        .semaphore("companion:permit", 2)
+        .ttl(ttl)
+        .renew(false);
+    let permit = permit.try_acquire().unwrap();
+    server.cmd::<()>(&["SET", "redlease:queue:{companion:permit}", "not-a-queue"]);
+    let error = permit.release().unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Server, "{error}");
+    assert!(error.message().contains("WRONGTYPE"), "{error}");
+
+    let mutex = client.lock("companion:mutex").ttl(ttl).renew(false);
+    let mutex = mutex.try_acquire().unwrap();
+    let token = mutex.token().to_owned();
+    server.cmd::<()>(&["SET", "redlease:waiting:{companion:mutex}", "1"]);
+    server.cmd::<()>(&["SET", "redlease:queue:{companion:mutex}", "not-a-queue"]);
+    let error = mutex.release().unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Server, "{error}");
+    assert_eq!(server.get("companion:mutex"), Some(token));
+}

@@ -380,3 +380,49 @@ fn a_release_after_the_name_changed_kind_is_not_held() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// A semaphore waiter whose name is deleted and taken by a mutex while it waits: its wait
+/// ends (its give-back meets a key of another kind), it holds nothing, its registration
+/// is gone from the queue the kinds share, and the mutex's hold is intact.
+#[test]
+fn a_waiter_whose_name_changed_kind_withdraws_cleanly() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    let ttl = Duration::from_secs(30);
+    let holder = client.semaphore("withdraw", 1).ttl(ttl).renew(false);
+    let holder = holder.try_acquire().unwrap();
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let permit = client.semaphore("withdraw", 1).ttl(ttl).renew(false);
+            permit
+                .acquire_timeout(Duration::from_millis(1_500))
+                .map(std::mem::forget)
+                .map_err(|e| e.kind())
+        })
+    };
+    let queue = "redlease:queue:{withdraw}";
+    assert!(crate::support::eventually(Duration::from_secs(5), || {
+        server.cmd::<i64>(&["ZCARD", queue]) == 1
+    }));
+    server.cmd::<i64>(&["DEL", "withdraw"]);
+    let mutex = client
+        .lock("withdraw")
+        .ttl(ttl)
+        .renew(false)
+        .try_acquire()
+        .unwrap();
+    let outcome = waiter.join().unwrap();
+    assert!(outcome.is_err(), "the waiter got a permit");
+    assert_eq!(
+        server.cmd::<i64>(&["ZCARD", queue]),
+        0,
+        "its registration stayed"
+    );
+    assert_eq!(
+        holder.release().map_err(|e| e.kind()),
+        Err(ErrorKind::NotHeld)
+    );
+    mutex.extend(ttl).unwrap();
+    mutex.release().unwrap();
+}
