@@ -418,7 +418,9 @@ typedef struct lock_error_info_t {
  * be quick, must not block on a lock that one of your threads may hold while calling the
  * library, and must not call any function of this library except `lock_status_name` and
  * `lock_version` (`lock_set_log_callback` from inside it fails with
- * `LOCK_ERR_ARGUMENT`).
+ * `LOCK_ERR_ARGUMENT`). A callback that forks with `fork()` is still a call in flight in
+ * the child, on its thread; one that calls `_Fork()` (no fork handlers) is not, and a
+ * change of the callback in that child does not wait for it.
  */
 typedef void (*lock_log_cb)(int32_t level, const char *target, const char *message, void *user_data);
 

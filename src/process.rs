@@ -5,7 +5,6 @@
 //! call each time, so a `pthread_atfork` child handler bumps a counter instead.
 
 use std::any::Any;
-use std::cell::RefCell;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
@@ -19,11 +18,20 @@ const UNREGISTERED: u8 = 0;
 const REGISTERING: u8 = 1;
 const REGISTERED: u8 = 2;
 
-thread_local! {
-    /// The library's global locks, held by the forking thread from just before `fork()` to
-    /// just after it, in the parent and in the child (see [`before_fork`]).
-    static HELD_FOR_FORK: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
-}
+/// The library's global locks, held by the forking thread from just before `fork()` to
+/// just after it, in the parent and in the child (see [`before_fork`]). Not a
+/// thread-local: a thread may fork from a thread-local destructor, after the library's
+/// thread-locals are gone.
+static HELD_FOR_FORK: std::sync::Mutex<Vec<HeldForFork>> = std::sync::Mutex::new(Vec::new());
+
+/// A guard of one of the library's global locks, between the fork handlers.
+struct HeldForFork(#[allow(dead_code)] Box<dyn Any>);
+
+// SAFETY: a guard is taken and given back by the same thread, the forking one: the
+// prepare handler takes it, the parent or child handler of the same fork (on the same
+// thread) drops it. A second thread's fork waits in its prepare handler for the locks the
+// first holds, so it never finds (or drops) the first one's guards.
+unsafe impl Send for HeldForFork {}
 
 /// Takes the library's global locks (the C ABI's handle tables, the parked renewal
 /// threads) before `fork()`, so that the child never starts with one of them locked by a
@@ -35,9 +43,19 @@ extern "C" fn before_fork() {
     let holds = HOLDS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let held: Vec<Box<dyn Any>> = holds.iter().flat_map(|hold| hold()).collect();
+    let held: Vec<HeldForFork> = holds
+        .iter()
+        .flat_map(|hold| hold())
+        .map(HeldForFork)
+        .collect();
     drop(holds);
-    HELD_FOR_FORK.with(|h| h.borrow_mut().extend(held));
+    held_for_fork().extend(held);
+}
+
+fn held_for_fork() -> std::sync::MutexGuard<'static, Vec<HeldForFork>> {
+    HELD_FOR_FORK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// What takes a global lock across `fork()`: returns its guards.
@@ -70,10 +88,10 @@ pub(crate) fn hold_across_fork(hold: Hold) {
 
 /// Gives the locks of [`before_fork`] back, last taken first.
 fn release_after_fork() {
-    HELD_FOR_FORK.with(|h| {
-        let mut held = h.borrow_mut();
-        while held.pop().is_some() {}
-    });
+    let held = std::mem::take(&mut *held_for_fork());
+    for guard in held.into_iter().rev() {
+        drop(guard);
+    }
 }
 
 extern "C" fn in_parent_after_fork() {

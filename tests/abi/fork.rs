@@ -303,3 +303,53 @@ fn a_child_forked_without_the_fork_handlers_gets_its_own_locks_renewed() {
          the child hung"
     );
 }
+
+/// A thread that forks once (the library's fork handlers registered), then forks again
+/// from a thread-local destructor as it exits, when the thread's other thread-locals may
+/// be gone already: the fork handlers must not need one (the process aborted). Run in a
+/// child, so that an abort fails this test only.
+#[test]
+fn a_fork_from_a_thread_local_destructor_does_not_abort_the_process() {
+    fn fork_and_reap() {
+        // SAFETY: fork; the grandchild _exits at once, the caller reaps it.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: ends the grandchild.
+            unsafe { libc::_exit(0) }
+        }
+        let mut status = 0;
+        // SAFETY: reaps our own child into a local.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+    }
+    struct ForksOnDrop;
+    impl Drop for ForksOnDrop {
+        fn drop(&mut self) {
+            fork_and_reap();
+        }
+    }
+    thread_local! {
+        static FORKS_AT_EXIT: std::cell::RefCell<Option<ForksOnDrop>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    // SAFETY: fork; the child uses the library, starts one thread and _exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // Registers the fork handlers (in this child only).
+        // SAFETY: a NULL callback.
+        unsafe { lock_set_log_callback(LOCK_LOG_WARN, None, std::ptr::null_mut()) };
+        std::thread::spawn(|| {
+            // Registered before any of the library's, so destroyed after them.
+            FORKS_AT_EXIT.with(|f| *f.borrow_mut() = Some(ForksOnDrop));
+            fork_and_reap();
+        })
+        .join()
+        .ok();
+        // SAFETY: ends the child.
+        unsafe { libc::_exit(0) }
+    }
+    assert_eq!(
+        exit_status(pid),
+        Some(0),
+        "the process died when a thread forked from a thread-local destructor"
+    );
+}

@@ -221,3 +221,81 @@ fn a_callback_that_forks_is_still_in_flight_in_the_child() {
          the callback; 3: the child failed or hung; 0: the callback was not called"
     );
 }
+
+/// Four threads change the callback 1,200 times while three others log: once the final
+/// change (to none) returned, no call of a replaced callback runs or starts, the log level
+/// is off, and a callback set afterwards gets the records at its level.
+#[test]
+fn a_replaced_callback_is_never_called_once_racing_changes_returned() {
+    let _one = one_at_a_time();
+    static RUNNING: AtomicUsize = AtomicUsize::new(0);
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    static LAST_SEEN: AtomicUsize = AtomicUsize::new(0);
+    unsafe extern "C" fn counting(_: i32, target: *const c_char, _: *const c_char, _: *mut c_void) {
+        if ours(target) {
+            RUNNING.fetch_add(1, Ordering::SeqCst);
+            CALLS.fetch_add(1, Ordering::SeqCst);
+            std::thread::yield_now();
+            RUNNING.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    unsafe extern "C" fn last(level: i32, target: *const c_char, _: *const c_char, _: *mut c_void) {
+        if ours(target) && level == LOCK_LOG_TRACE {
+            LAST_SEEN.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let loggers: Vec<_> = (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    log::warn!(target: TARGET, "w");
+                    log::trace!(target: TARGET, "t");
+                }
+            })
+        })
+        .collect();
+    let setters: Vec<_> = (0..4)
+        .map(|i| {
+            std::thread::spawn(move || {
+                for n in 0..300 {
+                    let level = if (i + n) % 2 == 0 {
+                        LOCK_LOG_WARN
+                    } else {
+                        LOCK_LOG_TRACE
+                    };
+                    let cb: lock_log_cb = if n % 7 == 0 { None } else { Some(counting) };
+                    assert_eq!(set(level, cb), LOCK_OK);
+                }
+            })
+        })
+        .collect();
+    for s in setters {
+        s.join().unwrap();
+    }
+    assert_eq!(set(LOCK_LOG_WARN, None), LOCK_OK);
+    assert_eq!(
+        RUNNING.load(Ordering::SeqCst),
+        0,
+        "a call of a replaced callback ran after the change returned"
+    );
+    let calls = CALLS.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        CALLS.load(Ordering::SeqCst),
+        calls,
+        "called after being turned off"
+    );
+    assert_eq!(log::max_level(), log::LevelFilter::Off);
+    assert_eq!(set(LOCK_LOG_TRACE, Some(last)), LOCK_OK);
+    assert_eq!(log::max_level(), log::LevelFilter::Trace);
+    assert!(crate::support::eventually(Duration::from_secs(5), || {
+        LAST_SEEN.load(Ordering::SeqCst) > 0
+    }));
+    stop.store(true, Ordering::SeqCst);
+    for l in loggers {
+        l.join().unwrap();
+    }
+    assert_eq!(set(LOCK_LOG_WARN, None), LOCK_OK);
+}
