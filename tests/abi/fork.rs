@@ -7,12 +7,12 @@
 use std::ffi::CString;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redlease::ffi::*;
 use redlease::{Client, ClientOptions};
 
-use crate::support::RedisServer;
+use crate::support::{self, RedisServer};
 
 fn open(url: &str) -> lock_client_t {
     let url = CString::new(url).unwrap();
@@ -32,23 +32,9 @@ fn acquire(client: lock_client_t, name: &str) -> lock_t {
     lock
 }
 
-/// Waits up to 10 s for `pid` to exit; its exit status, or `None` (then killed) if it hung.
+/// Waits up to 10 s for `pid` to exit (see [`support::exit_status`]).
 fn exit_status(pid: libc::pid_t) -> Option<i32> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut status = 0;
-    while Instant::now() < deadline {
-        // SAFETY: waitpid on our own child, writing into a local.
-        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
-            return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    // SAFETY: kill and reap our own hung child.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, &mut status, 0);
-    }
-    None
+    support::exit_status(pid, Duration::from_secs(10))
 }
 
 /// Forks while two threads keep calling into the library on a held lock; each child

@@ -9,9 +9,11 @@
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redlease::ffi::*;
+
+use crate::support::exit_status;
 
 /// Held by every test that sets the log callback.
 pub static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -38,26 +40,6 @@ fn set(level: i32, callback: lock_log_cb) -> i32 {
 /// Polls `what` for up to 5 s.
 fn within_5s(what: impl Fn() -> bool) -> bool {
     crate::support::eventually(Duration::from_secs(5), what)
-}
-
-/// Waits up to `secs` for `pid` to exit; its exit status, or `None` (then killed) if it
-/// hung.
-fn exit_status(pid: libc::pid_t, secs: u64) -> Option<i32> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let mut status = 0;
-    while Instant::now() < deadline {
-        // SAFETY: waitpid on our own child, writing into a local.
-        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
-            return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    // SAFETY: kill and reap our own hung child.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, &mut status, 0);
-    }
-    None
 }
 
 /// A callback that, for this file's records, counts its calls and then blocks until
@@ -168,7 +150,7 @@ fn a_child_forked_without_the_fork_handlers_changes_the_callback_at_once() {
         unsafe { libc::_exit(i32::from(rc != LOCK_OK)) }
     }
     assert!(pid > 0, "fork failed");
-    let status = exit_status(pid, 5);
+    let status = exit_status(pid, Duration::from_secs(5));
     GATE.open();
     call.join().unwrap();
     assert_eq!(set(LOCK_LOG_WARN, None), LOCK_OK);
@@ -204,7 +186,7 @@ fn a_callback_that_forks_is_still_in_flight_in_the_child() {
             // SAFETY: ends the child (its thread may still wait, as it should).
             unsafe { libc::_exit(i32::from(early)) }
         }
-        let result = match exit_status(pid, 10) {
+        let result = match exit_status(pid, Duration::from_secs(10)) {
             Some(0) => 1,
             Some(1) => 2,
             _ => 3,

@@ -639,3 +639,23 @@ pub fn warnings_about(needle: &str) -> Vec<String> {
         .filter(|w| w.contains(needle))
         .collect()
 }
+
+/// Waits up to `limit` for our child `pid` to exit: its exit status, or `None` (the child
+/// then killed and reaped) if it hung or died of a signal.
+pub fn exit_status(pid: libc::pid_t, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    let mut status = 0;
+    while Instant::now() < deadline {
+        // SAFETY: waitpid on our own child, writing into a local.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: kill and reap our own hung child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+    None
+}
