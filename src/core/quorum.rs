@@ -7,9 +7,10 @@
 //! - Acquire: granted when a majority (N/2 + 1) said yes *and* the validity `ttl -
 //!   elapsed - drift` (elapsed from before the first write) is positive. Otherwise the
 //!   attempt is given back on every member, those that did not answer included: busy when
-//!   a majority answered and some member was held by another owner (or a majority granted
-//!   it too late), a connection error when fewer than a majority answered (no majority
-//!   can be formed then, so a waiter's wait ends once that has lasted a grace).
+//!   a majority answered (an error reply is an answer) and some member was held by another
+//!   owner (or a majority granted it too late), a connection error when fewer than a
+//!   majority answered (no majority can be formed then, so a waiter's wait ends once that
+//!   has lasted a grace).
 //! - Extend: extended when a majority extended it; the token is gone for good when so many
 //!   members no longer hold it that no majority ever can again; otherwise unknown.
 //! - Release: released when a majority gave the hold back (a member that handed the lock to
@@ -58,12 +59,18 @@ pub(crate) fn acquire(
         .iter()
         .filter(|a| matches!(a, Ok(AttemptReply::Busy { .. })))
         .count();
+    // Members that answered, with an error too (`OOM`, `NOPERM`): reachable.
+    let answered = answers
+        .iter()
+        .filter(|a| !matches!(a, Err(e) if e.kind() != ErrorKind::Server))
+        .count();
     let detail: Vec<String> = answers
         .iter()
         .zip(names)
         .map(|(a, name)| match a {
             Ok(AttemptReply::Busy { .. }) => format!("{name}: held by another owner"),
             Ok(_) => format!("{name}: granted (given back)"),
+            Err(e) if e.kind() == ErrorKind::Server => format!("{name}: refused ({e})"),
             Err(e) => format!("{name}: no answer ({e})"),
         })
         .collect();
@@ -77,7 +84,7 @@ pub(crate) fn acquire(
         },
         detail.join("; ")
     );
-    let kind = if yes >= quorum(n) || (held > 0 && yes + held >= quorum(n)) {
+    let kind = if yes >= quorum(n) || (held > 0 && answered >= quorum(n)) {
         ErrorKind::Busy
     } else {
         ErrorKind::Connection
@@ -258,6 +265,15 @@ mod tests {
         }
         match acquire("k", &[busy(), busy(), down()], &NAMES, t0, ttl, t0) {
             AcquireVerdict::GiveBack(e) => assert_eq!(e.kind(), ErrorKind::Busy),
+            v => panic!("{v:?}"),
+        }
+        // Members that refused (out of memory) answered: the one that holds it decides.
+        let oom = || Err(Error::new(ErrorKind::Server, "OOM command not allowed"));
+        match acquire("k", &[busy(), oom(), oom()], &NAMES, t0, ttl, t0) {
+            AcquireVerdict::GiveBack(e) => {
+                assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
+                assert!(e.message().contains("refused"), "{e}");
+            }
             v => panic!("{v:?}"),
         }
     }

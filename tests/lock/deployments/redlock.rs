@@ -482,3 +482,51 @@ fn an_unbounded_wait_ends_once_a_majority_stops_answering() {
     assert!(took < bound, "the wait ended {took:?} after the stop");
     drop(guard);
 }
+
+/// Every member answers, two of three refusing the attempt (`OOM`: maxmemory with
+/// noeviction) and one holding the lock for another owner: an error reply is an answer, so
+/// the attempt is `Busy` (not a connection error), and a wait lasts until its deadline,
+/// ending `Busy`, as a wait beside a held lock does.
+#[test]
+fn members_that_refuse_beside_one_that_holds_make_the_lock_busy() {
+    let servers = primaries(3);
+    let list = urls(&servers);
+    let list: Vec<&str> = list.iter().map(String::as_str).collect();
+    let options = || ClientOptions::default().io_timeout(Duration::from_millis(300));
+    let holder = Client::redlock(&list, options()).unwrap();
+    let guard = holder
+        .lock("refused")
+        .ttl(Duration::from_secs(60))
+        .renew(false)
+        .try_acquire()
+        .unwrap();
+    for server in &servers[1..] {
+        server.cmd::<()>(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+        server.cmd::<()>(&["CONFIG", "SET", "maxmemory", "1"]);
+    }
+    let waiter = Client::redlock(&list, options()).unwrap();
+    let lock = || {
+        waiter
+            .lock("refused")
+            .ttl(Duration::from_secs(10))
+            .renew(false)
+    };
+    let once = lock().try_acquire().map(drop).unwrap_err();
+    let started = Instant::now();
+    let waited = lock().acquire_timeout(Duration::from_secs(2)).map(drop);
+    let took = started.elapsed();
+    for server in &servers[1..] {
+        server.cmd::<()>(&["CONFIG", "SET", "maxmemory", "0"]);
+    }
+    assert_eq!(once.kind(), ErrorKind::Busy, "{once}");
+    assert!(once.message().contains("refused"), "{once}");
+    let waited = waited.unwrap_err();
+    assert_eq!(waited.kind(), ErrorKind::Busy, "{waited}");
+    assert!(
+        took >= Duration::from_secs(2),
+        "the wait ended after {took:?}"
+    );
+    for server in &servers {
+        assert_eq!(server.get("refused").as_deref(), Some(guard.token()));
+    }
+}
