@@ -771,7 +771,7 @@ return 1
 ///   waiter's ttl ms, ARGV[5] the shortest lease of a handed permit, ms
 /// - Returns 1 when the permit was held (and is given back), `{1, token}` when it was
 ///   handed to the waiter whose token that is, 0 when it was not held (also when the name
-///   is a lock of another kind now; an error from another key is the script's error).
+///   is a lock of another kind now, `WRONGTYPE`; any other error is the reply).
 pub(crate) static RELEASE_PERMIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{NOW}{}{}{WAITERS}{}",
@@ -782,8 +782,11 @@ if ARGV[3] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[1], '!' .. ARGV[4] .. '|' .. ARGV[1])
 end
 local expiry = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
-if not expiry or type(expiry) == 'table' then
-  -- Not held (an error: the name is a lock of another kind now).
+if type(expiry) == 'table' then
+  -- Not held when the name is a lock of another kind now; any other error is the reply.
+  return string.find(expiry.err, '^WRONGTYPE') and 0 or expiry
+end
+if not expiry then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
@@ -940,8 +943,8 @@ return 1
 ///   withdrawing waiter's ttl ms, ARGV[6] the shortest lease of a lock handed over, ms
 /// - Returns 1 when the hold was there (and is given back), `{1, token}` when the lock was
 ///   then handed to the writer whose token that is, 0 when the hold was not there (also
-///   when the name is a lock of another kind now; an error from another key is the
-///   script's error).
+///   when the name is a lock of another kind now, `WRONGTYPE`; any other error is the
+///   reply).
 pub(crate) static RELEASE_RW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{NOW}{}{}{WAITERS}{}",
@@ -956,8 +959,8 @@ if ARGV[3] == '1' then
   if was_waiting_writer then
     local writer = redis.pcall('HGET', KEYS[1], 'w')
     if type(writer) == 'table' then
-      -- The name is a lock of another kind now: no hold, nobody of this kind to wake.
-      return 0
+      -- Another kind now (no hold, nobody of this kind to wake), or another error.
+      return string.find(writer.err, '^WRONGTYPE') and 0 or writer
     end
     if not writer and redis.call('ZCOUNT', KEYS[3], now_ms(), '+inf') == 0 then
       -- A writer that gives up wakes the readers it kept out.
@@ -967,8 +970,11 @@ if ARGV[3] == '1' then
 end
 local field = ARGV[4] == 'w' and 'w' or 'r:' .. ARGV[1]
 local value = redis.pcall('HGET', KEYS[1], field)
-if not value or type(value) == 'table' then
-  -- Not held (an error: the name is a lock of another kind now).
+if type(value) == 'table' then
+  -- Not held when the name is a lock of another kind now; any other error is the reply.
+  return string.find(value.err, '^WRONGTYPE') and 0 or value
+end
+if not value then
   return 0
 end
 local expiry, holder = string.match(value, '^(%d+) ?(.*)$')

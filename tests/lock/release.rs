@@ -308,3 +308,24 @@ fn a_release_failing_on_a_companion_key_of_another_type_is_a_server_error() {
     assert_eq!(error.kind(), ErrorKind::Server, "{error}");
     assert_eq!(server.get("companion:mutex"), Some(token));
 }
+
+/// A semaphore permit whose release cannot read the lock key (the client's user lost
+/// `zscore` to an operator's ACL change while it held the permit): the release reports
+/// the server's error, not `NotHeld`, and the permit is still there.
+#[test]
+fn a_permit_release_refused_by_the_acl_is_a_server_error() {
+    let server = RedisServer::start();
+    server.cmd::<()>(&["ACL", "SETUSER", "locker", "on", ">pw", "~*", "+@all"]);
+    let url = server.url().replacen("redis://", "redis://locker:pw@", 1);
+    let client = client(&url);
+    let permit = client
+        .semaphore("acl-permit", 2)
+        .ttl(Duration::from_secs(30));
+    let permit = permit.renew(false).try_acquire().unwrap();
+    server.cmd::<()>(&["ACL", "SETUSER", "locker", "-zscore"]);
+    let token = permit.token().to_owned();
+    let error = permit.release().unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Server, "{error}");
+    let score: Option<String> = server.cmd(&["ZSCORE", "acl-permit", &token]);
+    assert!(score.is_some(), "the permit is gone");
+}
