@@ -29,26 +29,30 @@ struct HeldForFork(#[allow(dead_code)] Box<dyn Any>);
 
 // SAFETY: a guard is taken and given back by the same thread, the forking one: the
 // prepare handler takes it, the parent or child handler of the same fork (on the same
-// thread) drops it. A second thread's fork waits in its prepare handler for the locks the
-// first holds, so it never finds (or drops) the first one's guards.
+// thread) drops it. The registry's lock is held from the first to the last, so a second
+// thread's fork waits for it in its prepare handler, holding nothing: it never finds (or
+// drops) the first one's guards.
 unsafe impl Send for HeldForFork {}
 
-/// Takes the library's global locks (the C ABI's handle tables, the parked renewal
-/// threads) before `fork()`, so that the child never starts with one of them locked by a
-/// thread it does not have: its calls (on its parent's handles, which report
-/// `LOCK_NOT_HELD`, or on a new client) would wait for ever. None of them is held while
-/// the caller's code runs, and none is taken while another is held, so this cannot
-/// deadlock with a thread of the library.
+/// Takes the library's global locks (the registry of them first, then the C ABI's handle
+/// tables, the parked renewal threads, the log route) before `fork()`, so that the child
+/// never starts with one of them locked by a thread it does not have: its calls (on its
+/// parent's handles, which report `LOCK_NOT_HELD`, or on a new client), its own forks and
+/// registrations would wait for ever. Another thread that forks meanwhile waits for the
+/// registry, holding none of them. None of the locks is held while the caller's code runs,
+/// and none is taken while another is held, so this cannot deadlock with a thread of the
+/// library.
 extern "C" fn before_fork() {
     let holds = HOLDS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let held: Vec<HeldForFork> = holds
+    let mut held: Vec<HeldForFork> = holds
         .iter()
         .flat_map(|hold| hold())
         .map(HeldForFork)
         .collect();
-    drop(holds);
+    // The registry's guard goes first: given back last.
+    held.insert(0, HeldForFork(Box::new(holds)));
     held_for_fork().extend(held);
 }
 

@@ -339,3 +339,62 @@ fn a_fork_from_a_thread_local_destructor_does_not_abort_the_process() {
         "the process died when a thread forked from a thread-local destructor"
     );
 }
+
+/// Six threads fork 400 times each while a renewed lock is held, so that a fork often
+/// comes while another thread waits in the fork handlers for the library's locks; each
+/// child forks once more (a daemon's double fork) and then calls the library. No child
+/// may hang: a child must never start with a lock of the library held by a thread it
+/// does not have (the registry of the locks held across `fork()` included).
+#[test]
+fn children_of_concurrent_forks_can_fork_again_and_call_the_library() {
+    fn child() -> i32 {
+        // SAFETY: fork in the child; the grandchild _exits at once, the child reaps it.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: ends the grandchild.
+            unsafe { libc::_exit(0) }
+        }
+        let mut status = 0;
+        // SAFETY: reaps our own child into a local.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        // SAFETY: a NULL callback.
+        let rc = unsafe { lock_set_log_callback(LOCK_LOG_WARN, None, std::ptr::null_mut()) };
+        i32::from(rc != LOCK_OK)
+    }
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let _held = client
+        .lock("fork:storm")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .unwrap();
+    let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let threads: Vec<_> = (0..6)
+        .map(|_| {
+            let failed = failed.clone();
+            std::thread::spawn(move || {
+                for _ in 0..400 {
+                    // SAFETY: fork; the child runs `child` and _exits.
+                    let pid = unsafe { libc::fork() };
+                    if pid == 0 {
+                        let code = child();
+                        // SAFETY: ends the child without its parent's destructors.
+                        unsafe { libc::_exit(code) }
+                    }
+                    assert!(pid > 0, "fork failed");
+                    if support::exit_status(pid, Duration::from_secs(5)) != Some(0) {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(
+        failed.load(Ordering::SeqCst),
+        0,
+        "children of 2,400 concurrent forks hung or failed"
+    );
+}
