@@ -109,7 +109,7 @@ extern "C" fn in_child_after_fork() {
 
 /// Identifies the current process among this one and its forked children: equal values
 /// mean the same process. A child made without the fork handlers (`_Fork()`, a raw
-/// `clone`) is not told apart here: [`is`] is.
+/// `clone`) is not told apart here: [`Process::is_current`] tells it.
 pub(crate) fn generation() -> u64 {
     if HANDLERS.load(Ordering::Acquire) == UNREGISTERED
         && HANDLERS

@@ -13,6 +13,16 @@ CHILD = """
 import logging, os, signal, sys, time
 import redis
 import redlease
+handled = []  # when each record about the lock reached Python's logging
+
+
+class Seen(logging.Handler):
+    def emit(self, record):
+        if "fork-logging" in record.getMessage():
+            handled.append(time.monotonic())
+
+
+logging.getLogger("redlease").addHandler(Seen())
 logging.getLogger("redlease").setLevel(logging.INFO)  # a lost lock is logged at INFO
 client = redlease.Client("{url}")
 lock = client.lock("fork-logging", ttl=0.3)  # renewed every 0.1 s
@@ -22,6 +32,8 @@ sys.setswitchinterval(30)  # this thread keeps the GIL while the renewal thread 
 end = time.monotonic() + 1.0
 while time.monotonic() < end:
     pass
+assert not handled, "the renewal thread logged before the fork: nothing tested"
+forked_at = time.monotonic()
 pid = os.fork()
 if pid == 0:
     {in_child}
@@ -38,6 +50,12 @@ else:
     os.waitpid(pid, 0)
     sys.exit("the forked child hung")
 assert status == 0, status
+# The renewal thread was inside the callback at the fork, waiting for the GIL: its record
+# reaches Python's logging after the fork.
+end = time.monotonic() + 5
+while not handled and time.monotonic() < end:
+    time.sleep(0.05)
+assert handled and handled[0] > forked_at, handled
 """
 
 
