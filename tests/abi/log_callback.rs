@@ -226,7 +226,15 @@ fn a_replaced_callback_is_never_called_once_racing_changes_returned() {
             LAST_SEEN.fetch_add(1, Ordering::SeqCst);
         }
     }
+    /// Ends the loggers when the test ends, also when an assertion fails.
+    struct StopOnDrop(std::sync::Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
     let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let stop_loggers = StopOnDrop(stop.clone());
     let loggers: Vec<_> = (0..3)
         .map(|_| {
             let stop = stop.clone();
@@ -275,7 +283,7 @@ fn a_replaced_callback_is_never_called_once_racing_changes_returned() {
     assert!(crate::support::eventually(Duration::from_secs(5), || {
         LAST_SEEN.load(Ordering::SeqCst) > 0
     }));
-    stop.store(true, Ordering::SeqCst);
+    drop(stop_loggers);
     for l in loggers {
         l.join().unwrap();
     }
