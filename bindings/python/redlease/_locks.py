@@ -26,7 +26,7 @@ from ._errors import (
     LockNotHeldError,
 )
 from ._kinds import MUTEX, Kind
-from ._native import LOCK_TOKEN_MAX, UINT64_MAX, lib
+from ._native import LOCK_TOKEN_MAX, UINT64_MAX, lib, lock_t
 from ._registry import _REGISTRY, LOST_REASONS, on_lost_from_c
 from ._signals import SignalCatcher, on_main_thread
 
@@ -128,6 +128,31 @@ class Lock:
     #: a reference cycle too, or at interpreter exit) they are abandoned, not released.
     _abandon_when_dropped = False
 
+    # Defaults of the per-holding fields, read from the class until first set (an acquire
+    # of a plain lock then assigns only what it changes).
+    _handle = 0
+    # Who holds the gate: a thread id, or an asyncio task (see _acquire).
+    _owner: object = None
+    # The process that made the current holding (set with it: see _adopt and __del__).
+    _pid = 0
+    # The handle of the current (or last) holding, for losses reported late.
+    _last_handle = 0
+    _fencing_token: Optional[int] = None
+    _token: Optional[str] = None
+    _lost_event: Optional[threading.Event] = None
+    # Handles of the holds added by re-acquiring while held (a reentrant lock), last on top;
+    # the first hold is _handle. A list of its own once there is one.
+    _reentries: "Union[List[int], Tuple[()]]" = ()
+    # The options every acquire passes, made by the first (see _acquire_options).
+    _base_opts: Optional[_native.AcquireOptions] = None
+    # The current holding was made by acquire() and may be taken over by a with block
+    # (only the owner reads or sets it).
+    _with_may_take_over = False
+    # A weak reference to this object, for the registry: made by the first acquire.
+    _ref: "Optional[weakref.ref[Lock]]" = None
+    #: ``"not_held"`` or ``"unreachable"`` once the current (or last) holding is lost.
+    lost_reason: Optional[str] = None
+
     def __init__(
         self,
         client: LockClient,
@@ -143,7 +168,6 @@ class Lock:
         reentrant: bool = False,
         owner: Optional[str] = None,
     ) -> None:
-        self._handle = 0
         if reentrant is not False:
             if not isinstance(reentrant, bool):
                 raise InvalidArgumentError("reentrant must be a bool")
@@ -154,9 +178,6 @@ class Lock:
         if owner is not None and not isinstance(owner, str):
             raise InvalidArgumentError(f"owner must be a str, not {type(owner).__name__}")
         self._owner_name = None if owner is None else _args.utf8(owner, "owner")
-        # Handles of the holds added by re-acquiring while held (a reentrant lock), last
-        # on top; the first hold is _handle.
-        self._reentries: List[int] = []
         self._client = client
         # What the object holds: a mutex, a permit, a side of a read-write lock (_kinds).
         self._kind = kind
@@ -171,22 +192,6 @@ class Lock:
         self._cancel = cancel
         # Held from the start of an acquire to the end of its release: one holding at a time.
         self._gate = threading.Lock()
-        # Who holds the gate: a thread id, or an asyncio task (see _acquire).
-        self._owner: object = None
-        # The process that made the current holding (set with it: see _adopt and __del__).
-        self._pid = 0
-        # The handle of the current (or last) holding, for losses reported late.
-        self._last_handle = 0
-        self._fencing_token: Optional[int] = None
-        self._token: Optional[str] = None
-        self._lost_event: Optional[threading.Event] = None
-        # The options every acquire passes, made by the first (see _acquire_options).
-        self._base_opts: Optional[_native.AcquireOptions] = None
-        # The current holding was made by acquire() and may be taken over by a with block
-        # (only the owner reads or sets it).
-        self._with_may_take_over = False
-        #: ``"not_held"`` or ``"unreachable"`` once the current (or last) holding is lost.
-        self.lost_reason: Optional[str] = None
 
     @property
     def lost(self) -> threading.Event:
@@ -290,43 +295,37 @@ class Lock:
         An exception at any point, also an asynchronous one (what a signal handler raised)
         right after the C call returned, leaves nothing held: a handle written by the
         library is released again, and the gate is given back."""
-        started = time.monotonic()
         if wait_ms is None:
             wait_ms = self._wait_ms
+        started = time.monotonic() if wait_ms else 0.0
         if self._reentrant and self._handle and self._owner == owner:
             return self._reenter(cancel)
         if self._gate.acquire(blocking=False):
             self._owner = owner
         else:
             self._enter_gate(started, cancel, owner, wait_ms)
-        out = _native.lock_t()
+        out = lock_t()
         _registry.adopting_begin()
         try:
             if wait_ms:
                 wait_ms = _wait_left(started, wait_ms)
-            # Python runs signal handlers on the main thread only. `catcher` (and `opts`,
-            # which refers to its callback) stay alive until the C call has returned.
-            catcher = SignalCatcher() if wait_ms and on_main_thread() else None
-            opts = self._acquire_options(cancel, catcher is not None)
-            status = None
-            try:
-                if catcher is not None and catcher.install():
-                    opts.on_interrupt = catcher.callback
-                if catcher is None or catcher.exception is None:
-                    status = (take or self._kind.take)(
-                        self._client.handle, self._key, self._ttl_ms, wait_ms, byref(opts), byref(out)
-                    )
-            finally:
-                if catcher is not None:
-                    catcher.uninstall()
-            interrupted = catcher.take() if catcher is not None else None
-            if interrupted is not None:
-                raise interrupted  # what a signal handler raised (KeyboardInterrupt) wins
-            assert status is not None
+            client = self._client.handle
+            if take is None:
+                take = self._kind.take
+            if wait_ms and on_main_thread():
+                # Python runs signal handlers on the main thread only.
+                status = self._take_interruptibly(take, client, cancel, wait_ms, out)
+            else:
+                opts = self._base_opts
+                if opts is None or cancel is not None:
+                    opts = self._acquire_options(cancel, False)
+                status = take(client, self._key, self._ttl_ms, wait_ms, byref(opts), byref(out))
             if status:
                 _native.check(status)
             fence = c_uint64()
-            _native.check(lib.lock_fencing_token(out.value, byref(fence)))
+            status = lib.lock_fencing_token(out.value, byref(fence))
+            if status:
+                _native.check(status)
             self._adopt(out.value, fence.value)
         except BaseException:
             if out.value:
@@ -338,6 +337,30 @@ class Lock:
         finally:
             _registry.adopting_end()
         return self
+
+    def _take_interruptibly(
+        self, take: _kinds.Take, client: int, cancel: Optional[CancelToken], wait_ms: int, out: Any
+    ) -> int:
+        """``take`` on the main thread, where signals interrupt the wait: returns its status,
+        or raises what a signal handler raised during it (``KeyboardInterrupt``), after the
+        C call has returned (``out`` may hold a handle then: the caller releases it)."""
+        # `catcher` (and `opts`, which refers to its callback) stay alive until the C call
+        # has returned.
+        catcher = SignalCatcher()
+        opts = self._acquire_options(cancel, True)
+        status = None
+        try:
+            if catcher.install():
+                opts.on_interrupt = catcher.callback
+            if catcher.exception is None:
+                status = take(client, self._key, self._ttl_ms, wait_ms, byref(opts), byref(out))
+        finally:
+            catcher.uninstall()
+        interrupted = catcher.take()
+        if interrupted is not None:
+            raise interrupted  # what a signal handler raised (KeyboardInterrupt) wins
+        assert status is not None
+        return status
 
     def _acquire_options(self, cancel: Optional[CancelToken], interruptible: bool) -> "_native.AcquireOptions":
         """The options of an acquire of this object: built once (and shared with every
@@ -376,7 +399,7 @@ class Lock:
         opts.renew = self._renew
         if cancel is not None:
             opts.cancel = cancel.handle
-        out = _native.lock_t()
+        out = lock_t()
         try:
             _native.check(
                 self._kind.take(
@@ -384,7 +407,7 @@ class Lock:
                 )
             )
             with _REGISTRY:
-                self._reentries.append(out.value)
+                self._reentries = [*self._reentries, out.value]
         except BaseException:
             if out.value and out.value not in self._reentries:
                 lib.lock_release(out.value)
@@ -422,7 +445,9 @@ class Lock:
         """Records ``handle`` as the current holding. Raises :class:`InvalidHandleError`,
         recording nothing, when the client was closed since the library granted it (the
         close may have missed it: the caller releases it)."""
-        ref: "weakref.ref[_registry.Holder]" = weakref.ref(self)
+        ref = self._ref
+        if ref is None:
+            ref = self._ref = weakref.ref(self)
         with _REGISTRY:
             # Close marks the client closed before it releases, and forgets the registered
             # handles after: one of the two sees this handle.
@@ -483,7 +508,7 @@ class Lock:
         try:
             status = lib.lock_release(handle)
         finally:
-            self._disown(handle)
+            _registry.forget(handle)  # after the release: a loss reported during it is told
             self._with_may_take_over = False
             self._owner = None
             self._gate.release()
@@ -608,7 +633,7 @@ class Lock:
             if handle and self._pid == os.getpid():
                 for extra in reversed(self._reentries):
                     lib.lock_release(extra)
-                self._reentries = []
+                self._reentries = ()
                 self._handle = 0
                 if self._abandon_when_dropped:
                     lib.lock_abandon(handle)

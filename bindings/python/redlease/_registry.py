@@ -86,8 +86,9 @@ def take_early_loss(handle: int) -> Optional[str]:
 
 
 def forget(handle: int) -> None:
-    """Forgets ``handle`` (released or about to be). Takes no lock: the caller holds
-    :data:`_REGISTRY`, or is a finaliser (which must not take it)."""
+    """Forgets ``handle`` (released or about to be). Takes no lock (a finaliser must not):
+    each step is one dictionary operation, which the GIL keeps whole, and removing an
+    entry already gone does nothing (handles are never reused)."""
     _LIVE.pop(handle, None)
     _EARLY_LOSS.pop(handle, None)
 
