@@ -50,6 +50,11 @@ const HEADER_TOP: &str = "\
  *   the log callback: the library holds its own global locks across fork(), never while
  *   a callback runs). Open a new client in the child: its tokens and reentrant owners are
  *   its own, and closing the clients it inherited ends none of its parent's connections.
+ *   A callback of the library (log, on_lost, on_interrupt, user_data_free) that forks
+ *   and returns in the child does not carry its parent's call on there: the call sends
+ *   nothing more and fails with LOCK_ERR_INTERNAL, and a renewal thread ends. Do not
+ *   fork() from a signal handler (POSIX no longer counts it async-signal-safe; the fork
+ *   handlers may wait for a lock the interrupted thread holds); _Fork() is safe there.
  * - The library's diagnostics (renewal retries, lost locks, server warnings) go nowhere
  *   until lock_set_log_callback gives them a destination.
  *

@@ -30,6 +30,11 @@
  *   the log callback: the library holds its own global locks across fork(), never while
  *   a callback runs). Open a new client in the child: its tokens and reentrant owners are
  *   its own, and closing the clients it inherited ends none of its parent's connections.
+ *   A callback of the library (log, on_lost, on_interrupt, user_data_free) that forks
+ *   and returns in the child does not carry its parent's call on there: the call sends
+ *   nothing more and fails with LOCK_ERR_INTERNAL, and a renewal thread ends. Do not
+ *   fork() from a signal handler (POSIX no longer counts it async-signal-safe; the fork
+ *   handlers may wait for a lock the interrupted thread holds); _Fork() is safe there.
  * - The library's diagnostics (renewal retries, lost locks, server warnings) go nowhere
  *   until lock_set_log_callback gives them a destination.
  *
@@ -420,7 +425,9 @@ typedef struct lock_error_info_t {
  * `lock_version` (`lock_set_log_callback` from inside it fails with
  * `LOCK_ERR_ARGUMENT`). A callback that forks with `fork()` is still a call in flight in
  * the child, on its thread; one that calls `_Fork()` (no fork handlers) is not, and a
- * change of the callback in that child does not wait for it.
+ * change of the callback in that child does not wait for it. Either way, when it returns
+ * in the child, the library call it logged from sends nothing more and fails with
+ * `LOCK_ERR_INTERNAL`, and a renewal thread it logged from ends.
  */
 typedef void (*lock_log_cb)(int32_t level, const char *target, const char *message, void *user_data);
 

@@ -184,6 +184,9 @@ pub(crate) fn give_back_in_background(
     token: String,
     cutoff: Instant,
 ) {
+    if crate::process::orphaned() {
+        return; // the token is the parent's (see `process::call_out`)
+    }
     let give_back = move || {
         let hold = Hold {
             kind: &kind,

@@ -170,7 +170,7 @@ impl Watch {
     pub fn interrupted(&self) -> bool {
         match &self.hook {
             Some(hook) => {
-                let call = std::panic::AssertUnwindSafe(|| hook());
+                let call = std::panic::AssertUnwindSafe(|| crate::process::call_out(|| hook()));
                 std::panic::catch_unwind(call).unwrap_or(false)
             }
             None => false,

@@ -701,6 +701,9 @@ impl Connection {
     /// Writes a packed request of `replies` commands before `deadline`. On failure the
     /// connection is broken and the error marked sent (some bytes may have gone out).
     pub fn send(&mut self, packed: &[u8], replies: usize, deadline: Instant) -> Result<()> {
+        if process::orphaned() {
+            return Err(process::orphaned_error());
+        }
         if self.broken || self.pending != 0 {
             return Err(Error::new(
                 ErrorKind::Connection,
@@ -724,6 +727,9 @@ impl Connection {
     /// the connection and is marked sent (the request may have run).
     pub fn recv(&mut self, deadline: Instant, watch: &Watch) -> Result<Value> {
         self.broken = true;
+        if process::orphaned() {
+            return Err(process::orphaned_error());
+        }
         loop {
             match self.replies.next_reply() {
                 Ok(Some(value)) => {

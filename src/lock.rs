@@ -268,6 +268,8 @@ impl<'a> LockBuilder<'a> {
     }
 
     pub(crate) fn acquire_with(mut self, wait: Wait) -> Result<LockGuard> {
+        // Left by an earlier call of this thread that a forking callback interrupted.
+        crate::process::take_orphaned();
         let shared = self.shared;
         let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
         let keys = LockKeys::new(&shared.options.key_prefix, self.name)?;
@@ -331,8 +333,14 @@ impl<'a> LockBuilder<'a> {
             replicas,
         }
         .run();
-        let result =
+        let mut result =
             acquired.and_then(|acquired| self.guard_for(keys, ttl, replicas, wait, acquired));
+        if crate::process::orphaned() {
+            // A callback forked and this is the child: what was granted is the parent's.
+            // Dropping the guard sends nothing (see `process::call_out`).
+            drop(result);
+            result = Err(crate::process::orphaned_error());
+        }
         ending.record(&result);
         result
     }

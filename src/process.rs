@@ -174,3 +174,45 @@ impl Process {
         self.generation == generation()
     }
 }
+
+thread_local! {
+    /// Set on a thread that came back from caller code (a callback) in a process forked
+    /// meanwhile: what the thread was doing for its parent must not go on in the child.
+    static ORPHANED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `callback` (caller code: a log callback, a lost-lock handler, an interrupt hook,
+/// a `user_data_free`) and notes, on this thread, when it returns in a child forked
+/// inside it: from then on [`orphaned`] is true here, and the thread's call in progress
+/// (its parent's) sends nothing more. Two system calls (`getpid` before and after).
+pub(crate) fn call_out<R>(callback: impl FnOnce() -> R) -> R {
+    let before = std::process::id();
+    let result = callback();
+    if std::process::id() != before {
+        let _ = ORPHANED.try_with(|o| o.set(true));
+    }
+    result
+}
+
+/// Whether this thread came back from a callback in a forked child during the call it is
+/// in (see [`call_out`]): it must send nothing, start no thread for its parent's locks,
+/// and a renewal thread ends.
+pub(crate) fn orphaned() -> bool {
+    ORPHANED.try_with(std::cell::Cell::get).unwrap_or(false)
+}
+
+/// Ends the call in which this thread was [`orphaned`]: whether it was (the C ABI's
+/// boundary then fails the call), and the thread's next call is the child's own.
+pub(crate) fn take_orphaned() -> bool {
+    ORPHANED.try_with(|o| o.replace(false)).unwrap_or(false)
+}
+
+/// The error of a call [`orphaned`] by a fork inside one of its callbacks.
+pub(crate) fn orphaned_error() -> crate::error::Error {
+    crate::error::Error::new(
+        crate::error::ErrorKind::Internal,
+        "the process forked inside a callback of this call (a log callback, lost-lock \
+         handler or interrupt hook): the child cannot carry on its parent's call, and \
+         sent nothing for it",
+    )
+}

@@ -218,6 +218,9 @@ impl Renewal {
     ///
     /// Errors: [`ErrorKind::Internal`] when the OS refuses a new thread.
     pub fn start(lease: Arc<Lease>) -> Result<Renewal> {
+        if process::orphaned() {
+            return Err(process::orphaned_error());
+        }
         let due = on_grid(lease.next_renewal(), coalescing(lease.ttl()));
         let me = Process::current();
         let (worker, id) = {
@@ -309,6 +312,11 @@ fn work(me: &Arc<Worker>) {
     let mut idle_since = Instant::now();
     let mut slack = Duration::ZERO;
     loop {
+        if process::orphaned() {
+            // A callback forked on this thread, which goes on in the child: the locks it
+            // renews are the parent's.
+            return;
+        }
         if current.is_none() {
             park(me);
         }

@@ -161,6 +161,12 @@ fn serve(batcher: &Batcher, node: Weak<dyn Conduit>, io: Duration) {
     loop {
         let items = {
             let mut queue = batcher.queue();
+            if crate::process::orphaned() {
+                // A callback forked on this thread: the child's next submit starts a
+                // batching thread of its own.
+                queue.running = false;
+                return;
+            }
             let idle_since = sync::now();
             while queue.items.is_empty() {
                 let left = IDLE.saturating_sub(sync::now().saturating_duration_since(idle_since));

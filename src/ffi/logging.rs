@@ -46,7 +46,9 @@ pub const LOCK_LOG_TRACE: i32 = 5;
 /// `lock_version` (`lock_set_log_callback` from inside it fails with
 /// `LOCK_ERR_ARGUMENT`). A callback that forks with `fork()` is still a call in flight in
 /// the child, on its thread; one that calls `_Fork()` (no fork handlers) is not, and a
-/// change of the callback in that child does not wait for it.
+/// change of the callback in that child does not wait for it. Either way, when it returns
+/// in the child, the library call it logged from sends nothing more and fails with
+/// `LOCK_ERR_INTERNAL`, and a renewal thread it logged from ends.
 pub type lock_log_cb = Option<
     unsafe extern "C" fn(
         level: i32,
@@ -214,14 +216,14 @@ impl Log for Bridge {
         // thread with these arguments; both strings live until the call returns, and the
         // call is counted in flight, which keeps a replacing lock_set_log_callback from
         // returning (so the caller's `user_data` stays valid) until it ends.
-        unsafe {
+        crate::process::call_out(|| unsafe {
             (sink.callback)(
                 level_code(record.level()),
                 target.as_ptr(),
                 message.as_ptr(),
                 sink.user_data,
             )
-        };
+        });
     }
 
     fn flush(&self) {}

@@ -876,8 +876,9 @@ impl UserData {
 impl Drop for UserData {
     fn drop(&mut self) {
         if let Some(free) = self.free {
+            let ptr = self.ptr;
             // SAFETY: the caller promised a callable function; this is its one call.
-            unsafe { free(self.ptr) }
+            crate::process::call_out(|| unsafe { free(ptr) })
         }
     }
 }

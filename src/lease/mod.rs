@@ -276,7 +276,7 @@ impl Lease {
     fn run_callback(&self, callback: &LostCallback, reason: LostReason) {
         // A panicking callback must not take the renewal thread (reused for other locks)
         // down with it.
-        let call = std::panic::AssertUnwindSafe(|| callback(reason));
+        let call = std::panic::AssertUnwindSafe(|| crate::process::call_out(|| callback(reason)));
         if std::panic::catch_unwind(call).is_err() {
             log::error!("the lost-lock callback of {:?} panicked", self.keys.lock);
         }

@@ -398,3 +398,73 @@ fn children_of_concurrent_forks_can_fork_again_and_call_the_library() {
         "children of 2,400 concurrent forks hung or failed"
     );
 }
+
+static HOOK_CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// An interrupt hook that forks at its first call (the child returns into the wait) and
+/// never cancels.
+unsafe extern "C" fn fork_in_hook(_: *mut std::ffi::c_void) -> i32 {
+    if HOOK_CHILD.load(Ordering::SeqCst) == 0 {
+        // SAFETY: fork; the child comes back out of the hook into its parent's wait.
+        let pid = unsafe { libc::fork() };
+        HOOK_CHILD.store(if pid == 0 { -1 } else { pid }, Ordering::SeqCst);
+    }
+    0
+}
+
+/// An interrupt hook that forks while its thread waits in `lock_acquire_opts` (blocked on
+/// the server, behind another holder): the child comes back into its parent's wait, on
+/// its parent's connection and registration. It must fail the call at once, reading and
+/// sending nothing; the parent waits on and gets the lock when the holder lets go.
+#[test]
+fn a_child_forked_in_an_interrupt_hook_does_not_finish_its_parents_wait() {
+    let server = RedisServer::start();
+    let holder_client = open(&server.url());
+    let holder = acquire(holder_client, "fork-in-hook");
+    let client = open(&server.url());
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: all-zero bytes are a valid value of this C struct, which init fills.
+        let mut opts: lock_acquire_options_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid struct of the size given.
+        let rc = unsafe { lock_acquire_options_init(&mut opts, std::mem::size_of_val(&opts)) };
+        assert_eq!(rc, LOCK_OK);
+        opts.on_interrupt = Some(fork_in_hook);
+        let name = CString::new("fork-in-hook").unwrap();
+        let mut lock: lock_t = 0;
+        // SAFETY: valid arguments; the hook is callable on this thread.
+        let rc =
+            unsafe { lock_acquire_opts(client, name.as_ptr(), 30_000, 10_000, &opts, &mut lock) };
+        if HOOK_CHILD.load(Ordering::SeqCst) == -1 {
+            // The child (this thread alone): 0 when the wait failed here, 1 when it
+            // "acquired" its parent's lock, 2 for anything else.
+            let code = match rc {
+                LOCK_ERR_INTERNAL => 0,
+                LOCK_OK => 1,
+                _ => 2,
+            };
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(code) }
+        }
+        (rc, lock)
+    });
+    assert!(
+        support::eventually(Duration::from_secs(5), || HOOK_CHILD.load(Ordering::SeqCst)
+            > 0),
+        "the interrupt hook was not called during the wait"
+    );
+    let child = HOOK_CHILD.load(Ordering::SeqCst);
+    // The holder keeps the lock until the child has ended: a child that went on waiting
+    // ends Busy after the wait (2), one that took the parent's grant first reports 1.
+    let status = support::exit_status(child, Duration::from_secs(15));
+    assert_eq!(lock_release(holder), LOCK_OK);
+    let (rc, lock) = waiter.join().unwrap();
+    assert_eq!(
+        status,
+        Some(0),
+        "the child came back from the hook and went on with its parent's wait"
+    );
+    assert_eq!(rc, LOCK_OK, "the parent's wait failed");
+    assert_eq!(lock_release(lock), LOCK_OK);
+    lock_client_close(client);
+    lock_client_close(holder_client);
+}

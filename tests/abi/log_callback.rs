@@ -289,3 +289,189 @@ fn a_replaced_callback_is_never_called_once_racing_changes_returned() {
     }
     assert_eq!(set(LOCK_LOG_WARN, None), LOCK_OK);
 }
+
+/// The thread whose records the forking callback acts on ([`RENEWAL_THREADS`]: those of
+/// every renewal thread).
+static FORKING_THREAD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+const RENEWAL_THREADS: u64 = u64::MAX;
+static FORKED_CHILD: AtomicI32 = AtomicI32::new(0);
+
+fn message_of(msg: *const c_char) -> String {
+    // SAFETY: a NUL-terminated string valid during the call.
+    unsafe { CStr::from_ptr(msg) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Forks (once) on [`FORKING_THREAD`] at its first record whose message contains what
+/// `user_data` points to (a NUL-terminated string); the child returns into the library.
+unsafe extern "C" fn fork_at(_: i32, _: *const c_char, msg: *const c_char, wanted: *mut c_void) {
+    // SAFETY: pthread_self has no preconditions.
+    let me = unsafe { libc::pthread_self() } as u64;
+    if message_of(msg).contains("fork-in-log") {
+        eprintln!(
+            "DBG rec {:?}: {}",
+            std::thread::current().name(),
+            message_of(msg)
+        );
+    }
+    // SAFETY: `wanted` is the test's NUL-terminated string, alive while the callback is set.
+    let wanted = unsafe { CStr::from_ptr(wanted as *const c_char) }.to_string_lossy();
+    let only = FORKING_THREAD.load(Ordering::SeqCst);
+    let renewal_thread = std::thread::current().name() == Some("redlease-renew");
+    if (if only == RENEWAL_THREADS {
+        !renewal_thread
+    } else {
+        only != me
+    }) || !message_of(msg).contains(wanted.as_ref())
+        || FORKED_CHILD.load(Ordering::SeqCst) != 0
+    {
+        return;
+    }
+    // SAFETY: fork; the child comes back out of the callback into the library.
+    let pid = unsafe { libc::fork() };
+    if pid > 0 {
+        FORKED_CHILD.store(pid, Ordering::SeqCst);
+    } else if pid == 0 {
+        FORKED_CHILD.store(-1, Ordering::SeqCst);
+    }
+}
+
+fn fork_at_records_containing(wanted: &'static CStr, thread: u64) {
+    FORKING_THREAD.store(thread, Ordering::SeqCst);
+    FORKED_CHILD.store(0, Ordering::SeqCst);
+    // SAFETY: `fork_at` is callable from any thread; `wanted` is static.
+    let rc = unsafe {
+        lock_set_log_callback(
+            LOCK_LOG_DEBUG,
+            Some(fork_at),
+            wanted.as_ptr() as *mut c_void,
+        )
+    };
+    assert_eq!(rc, LOCK_OK);
+}
+
+/// A log callback that forks while the logging thread is inside `lock_acquire` (checking
+/// out a connection, whose dead idle predecessor it logs): the child comes back into its
+/// parent's acquire, under its parent's token. It must fail the call without sending the
+/// attempt, so that the parent alone holds the lock.
+#[test]
+fn a_child_forked_in_the_log_callback_does_not_finish_its_parents_acquire() {
+    let _one = one_at_a_time();
+    let server = crate::support::RedisServer::start();
+    let url = std::ffi::CString::new(server.url()).unwrap();
+    let mut client: lock_client_t = 0;
+    // SAFETY: valid arguments.
+    let rc = unsafe { lock_client_open(url.as_ptr(), &mut client) };
+    assert_eq!(rc, LOCK_OK);
+    // An idle pooled connection, which the server then closes.
+    let warm = c"fork-in-log:warm";
+    let mut lock: lock_t = 0;
+    // SAFETY: valid arguments.
+    let rc = unsafe { lock_acquire(client, warm.as_ptr(), 30_000, 0, &mut lock) };
+    assert_eq!(rc, LOCK_OK);
+    assert_eq!(lock_release(lock), LOCK_OK);
+    let _: i64 = server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
+    std::thread::sleep(Duration::from_millis(100));
+
+    // SAFETY: pthread_self has no preconditions.
+    let me = unsafe { libc::pthread_self() } as u64;
+    fork_at_records_containing(c"dead idle connection", me);
+    let name = c"fork-in-log:acquire";
+    let mut lock: lock_t = 0;
+    // SAFETY: valid arguments.
+    let rc = unsafe { lock_acquire(client, name.as_ptr(), 30_000, 0, &mut lock) };
+    if FORKED_CHILD.load(Ordering::SeqCst) == -1 {
+        // The child: 0 when its parent's acquire failed here, 1 when it "acquired".
+        let code = match rc {
+            LOCK_ERR_INTERNAL => 0,
+            LOCK_OK => 1,
+            _ => 2,
+        };
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) }
+    }
+    assert_eq!(set(LOCK_LOG_WARN, None), LOCK_OK);
+    let child = FORKED_CHILD.load(Ordering::SeqCst);
+    assert!(
+        child > 0,
+        "the callback never forked: no dead-connection record"
+    );
+    assert_eq!(rc, LOCK_OK, "the parent's acquire failed");
+    assert_eq!(
+        exit_status(child, Duration::from_secs(10)),
+        Some(0),
+        "the child came back from the callback and did not fail its parent's acquire (1: it \
+         reported the lock held)"
+    );
+    let mut token = [0 as c_char; LOCK_TOKEN_MAX];
+    // SAFETY: a buffer of LOCK_TOKEN_MAX bytes.
+    let rc = unsafe { lock_token(lock, token.as_mut_ptr(), LOCK_TOKEN_MAX) };
+    assert_eq!(rc, LOCK_OK);
+    // SAFETY: lock_token wrote a NUL-terminated string.
+    let token = unsafe { CStr::from_ptr(token.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    assert_eq!(
+        server.get("fork-in-log:acquire").as_deref(),
+        Some(token.as_str())
+    );
+    assert_eq!(lock_release(lock), LOCK_OK);
+    assert_eq!(server.get("fork-in-log:acquire"), None);
+    lock_client_close(client);
+}
+
+/// A log callback that forks on a renewal thread (its warning that a renewal failed): the
+/// child's copy of the thread must not go on renewing its parent's lock, which must then
+/// end with its parent (here: abandoned, as by a crash) within its ttl.
+#[test]
+fn a_renewal_thread_forked_in_the_log_callback_stops_in_the_child() {
+    let _one = one_at_a_time();
+    let server = crate::support::RedisServer::start();
+    let proxy = crate::support::proxy::Proxy::start(server.port);
+    let client = redlease::Client::open(&proxy.url()).unwrap();
+    let ttl = Duration::from_millis(1500);
+    let guard = client
+        .lock("fork-in-log:renewed")
+        .ttl(ttl)
+        .try_acquire()
+        .unwrap();
+    let token = guard.token().to_owned();
+    // On the thread renewing this lock, whichever it is: the record names the lock.
+    fork_at_records_containing(c"\"fork-in-log:renewed\" failed, retrying", RENEWAL_THREADS);
+    // The next two renewals are refused (the connection reset before the request runs):
+    // the batched one, then the renewal thread's own, which logs the warning.
+    proxy.on_request(
+        b"fork-in-log:renewed",
+        2,
+        crate::support::proxy::Action::ResetBeforeRequest,
+    );
+    let forked = within_5s(|| FORKED_CHILD.load(Ordering::SeqCst) != 0);
+    assert_eq!(set(LOCK_LOG_WARN, None), LOCK_OK);
+    assert!(forked, "no renewal warning for the lock");
+    // The child is the renewal thread's copy alone: this test goes on in the parent only.
+    let child = FORKED_CHILD.load(Ordering::SeqCst);
+    eprintln!(
+        "DBG child {child} thread {:?}",
+        std::thread::current().name()
+    );
+    guard.abandon();
+    for _ in 0..12 {
+        std::thread::sleep(Duration::from_millis(500));
+        eprintln!(
+            "DBG key {:?} pttl {}",
+            server.get("fork-in-log:renewed"),
+            server.pttl("fork-in-log:renewed")
+        );
+    }
+    let gone = crate::support::eventually(ttl * 3, || server.get("fork-in-log:renewed").is_none());
+    let left = server.get("fork-in-log:renewed");
+    // SAFETY: our own child.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    let _ = exit_status(child, Duration::from_secs(5));
+    assert!(
+        gone,
+        "the lock outlived its abandoned lease by two ttls: the forked child renewed it \
+         (key {left:?}, parent token {token})"
+    );
+}
