@@ -268,8 +268,6 @@ impl<'a> LockBuilder<'a> {
     }
 
     pub(crate) fn acquire_with(mut self, wait: Wait) -> Result<LockGuard> {
-        // Left by an earlier call of this thread that a forking callback interrupted.
-        crate::process::take_orphaned();
         let shared = self.shared;
         let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
         let keys = LockKeys::new(&shared.options.key_prefix, self.name)?;

@@ -202,7 +202,10 @@ pub(crate) fn orphaned() -> bool {
 }
 
 /// Ends the call in which this thread was [`orphaned`]: whether it was (the C ABI's
-/// boundary then fails the call), and the thread's next call is the child's own.
+/// boundary then fails the call), and the thread's next call is the child's own. Only the
+/// C ABI's boundary calls it, where a call of the library ends: a Rust caller's thread
+/// stays marked (a call may run several acquires, and the mark must last to its end), so
+/// in a child it does nothing more with the library; the child's other threads do.
 pub(crate) fn take_orphaned() -> bool {
     ORPHANED.try_with(|o| o.replace(false)).unwrap_or(false)
 }
