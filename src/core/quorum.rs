@@ -10,7 +10,8 @@
 //!   a majority answered (an error reply is an answer) and some member was held by another
 //!   owner (or a majority granted it too late), a connection error when fewer than a
 //!   majority answered (no majority can be formed then, so a waiter's wait ends once that
-//!   has lasted a grace).
+//!   has lasted a grace), a server error when so many members refused (an error reply)
+//!   that the others cannot make a majority and none holds it for another owner.
 //! - Extend: extended when a majority extended it; the token is gone for good when so many
 //!   members no longer hold it that no majority ever can again; otherwise unknown.
 //! - Release: released when a majority gave the hold back (a member that handed the lock to
@@ -84,8 +85,16 @@ pub(crate) fn acquire(
         },
         detail.join("; ")
     );
+    // Refusals (an error reply) from so many members that the others cannot make a
+    // majority: the servers' answer, which trying again does not change.
+    let refused = answers
+        .iter()
+        .filter(|a| matches!(a, Err(e) if e.kind() == ErrorKind::Server))
+        .count();
     let kind = if yes >= quorum(n) || (held > 0 && answered >= quorum(n)) {
         ErrorKind::Busy
+    } else if refused > n - quorum(n) {
+        ErrorKind::Server
     } else {
         ErrorKind::Connection
     };
@@ -276,6 +285,24 @@ mod tests {
             }
             v => panic!("{v:?}"),
         }
+    }
+
+    #[test]
+    fn refusals_that_leave_no_majority_are_a_server_error() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(1);
+        let oom = || Err(Error::new(ErrorKind::Server, "OOM command not allowed"));
+        let kind =
+            |answers: &[Result<AttemptReply>]| match acquire("k", answers, &NAMES, t0, ttl, t0) {
+                AcquireVerdict::GiveBack(e) => e.kind(),
+                v => panic!("{v:?}"),
+            };
+        assert_eq!(kind(&[oom(), oom(), oom()]), ErrorKind::Server);
+        assert_eq!(kind(&[granted(), oom(), oom()]), ErrorKind::Server);
+        // One refusal: the member that did not answer may yet make a majority.
+        assert_eq!(kind(&[granted(), oom(), down()]), ErrorKind::Connection);
+        // One holding it for another owner, beside the refusals: busy, as before.
+        assert_eq!(kind(&[busy(), oom(), oom()]), ErrorKind::Busy);
     }
 
     #[test]

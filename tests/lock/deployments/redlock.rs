@@ -530,3 +530,41 @@ fn members_that_refuse_beside_one_that_holds_make_the_lock_busy() {
         assert_eq!(server.get("refused").as_deref(), Some(guard.token()));
     }
 }
+
+/// Every member refusing (out of memory) is the servers' answer: a `Server` error, at once
+/// also for a waiter, and nothing left behind on any member.
+#[test]
+fn members_that_all_refuse_make_a_server_error() {
+    let servers = primaries(3);
+    let list = urls(&servers);
+    let list: Vec<&str> = list.iter().map(String::as_str).collect();
+    let client = Client::redlock(
+        &list,
+        ClientOptions::default().io_timeout(Duration::from_millis(300)),
+    )
+    .unwrap();
+    for server in &servers {
+        server.cmd::<()>(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+        server.cmd::<()>(&["CONFIG", "SET", "maxmemory", "1"]);
+    }
+    let lock = || client.lock("all-refuse").ttl(Duration::from_secs(10));
+    let once = lock().try_acquire().map(drop).unwrap_err();
+    let started = Instant::now();
+    let waited = lock().acquire_timeout(Duration::from_secs(5)).map(drop);
+    let took = started.elapsed();
+    for server in &servers {
+        server.cmd::<()>(&["CONFIG", "SET", "maxmemory", "0"]);
+    }
+    assert_eq!(once.kind(), ErrorKind::Server, "{once}");
+    assert!(once.message().contains("refused"), "{once}");
+    let waited = waited.unwrap_err();
+    assert_eq!(waited.kind(), ErrorKind::Server, "{waited}");
+    assert!(
+        took < Duration::from_secs(5),
+        "the wait went on for {took:?} against members that all refuse"
+    );
+    for server in &servers {
+        assert_eq!(server.get("all-refuse"), None);
+    }
+    lock().try_acquire().unwrap().release().unwrap();
+}
