@@ -166,12 +166,13 @@ impl Watch {
     }
 
     /// Runs the interrupt hook (after `EINTR`, or at a slice's end); `true` cancels. A
-    /// panicking hook is taken as "do not cancel".
+    /// panicking hook is taken as "do not cancel"; one that returns in a child forked
+    /// inside it cancels there, before the wait touches its parent's socket again.
     pub fn interrupted(&self) -> bool {
         match &self.hook {
             Some(hook) => {
                 let call = std::panic::AssertUnwindSafe(|| crate::process::call_out(|| hook()));
-                std::panic::catch_unwind(call).unwrap_or(false)
+                std::panic::catch_unwind(call).unwrap_or(false) || crate::process::orphaned()
             }
             None => false,
         }

@@ -588,6 +588,11 @@ impl Read for DeadlineReader<'_> {
             }
         }
         loop {
+            if process::orphaned() {
+                // A callback forked in this read (a log record): the socket is the parent's.
+                self.ended = Some(ErrorKind::Cancelled);
+                return Err(io::Error::other(CancelledWait));
+            }
             if ready {
                 match self.io.read_now(buf) {
                     Ok(n) => {

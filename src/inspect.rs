@@ -205,6 +205,7 @@ impl Client {
     /// Who holds the lock `name` now, for how long, its last fencing token and its
     /// waiters. One round trip (bounded like [`Client::is_locked`]).
     pub fn inspect(&self, name: &str) -> Result<LockInfo> {
+        let _call = crate::process::ApiCall::enter();
         let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
         self.inspect_keys(&keys)
     }
@@ -256,6 +257,7 @@ impl Client {
     /// `SCAN` (never `KEYS`), on every primary. A lock only ever taken by clients outside
     /// redlease (plain `SET NX`) has no counter and is not listed. At most `limit` locks.
     pub fn locks(&self, pattern: &str, limit: usize) -> Result<Vec<LockInfo>> {
+        let _call = crate::process::ApiCall::enter();
         let counters = self
             .inspecting()?
             .scan(&format!("{RESERVED_PREFIX}fence:*"), usize::MAX)?;
@@ -302,6 +304,7 @@ impl Client {
     /// lock: has no writer, or another one); [`ErrorKind::InvalidArgument`] when `name` is
     /// a counting semaphore (nothing deleted).
     pub fn break_lock(&self, name: &str, holder: &str) -> Result<()> {
+        let _call = crate::process::ApiCall::enter();
         let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
         let call = Call::script(&BREAK, &[&keys.lock, &keys.grant, &keys.holds], &[&holder]);
         let value = self.run_inspecting(&keys.lock, &[call])?;
@@ -418,6 +421,7 @@ impl Client {
     /// Connects and reports the server's version, eviction policy and persistence, and the
     /// latency of a few round trips. Each request bounded as [`Client::is_locked`].
     pub fn check(&self) -> Result<ServerCheck> {
+        let _call = crate::process::ApiCall::enter();
         let run =
             |cmd: &redis::Cmd| -> Result<Value> { self.run_inspecting("", &[Call::cmd(cmd)]) };
         let mut round_trips = Vec::new();

@@ -197,6 +197,7 @@ impl<'a> LockBuilder<'a> {
     /// plain mutex (a reentrant lock's holds belong to their owner), or a Redlock client;
     /// connection, timeout and server errors.
     pub fn adopt(self, token: &str) -> Result<LockGuard> {
+        let _call = crate::process::ApiCall::enter();
         let shared = self.shared;
         let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
         let keys = LockKeys::new(&shared.options.key_prefix, self.name)?;
@@ -268,6 +269,7 @@ impl<'a> LockBuilder<'a> {
     }
 
     pub(crate) fn acquire_with(mut self, wait: Wait) -> Result<LockGuard> {
+        let call = crate::process::ApiCall::enter();
         let shared = self.shared;
         let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
         let keys = LockKeys::new(&shared.options.key_prefix, self.name)?;
@@ -339,6 +341,7 @@ impl<'a> LockBuilder<'a> {
             drop(result);
             result = Err(crate::process::orphaned_error());
         }
+        drop(call);
         ending.record(&result);
         result
     }
@@ -578,6 +581,7 @@ impl LockGuard {
     /// lease then never assumes more than the shorter of the old and the new ttl again, for
     /// the rest of the lock's life (a late extend to the shorter ttl could still run).
     pub fn extend(&self, ttl: Duration) -> Result<()> {
+        let _call = crate::process::ApiCall::enter();
         let ttl = Duration::from_millis(ttl_millis(ttl)?);
         self.lease().check_process()?;
         if self.released.load(Ordering::SeqCst) {
@@ -629,6 +633,7 @@ impl LockGuard {
     /// and timeout errors when Redis could not be told (the lock then expires after its
     /// ttl).
     pub fn release(self) -> Result<()> {
+        let _call = crate::process::ApiCall::enter();
         self.release_shared()
     }
 
@@ -713,6 +718,7 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        let _call = crate::process::ApiCall::enter();
         if let Err(e) = self.release_shared() {
             log::warn!("releasing lock {:?} on drop: {e}", self.lease().keys.lock);
         }

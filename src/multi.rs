@@ -126,6 +126,7 @@ impl<'a> MultiLockBuilder<'a> {
     }
 
     fn acquire_until(self, deadline: Option<Instant>, waits: bool) -> Result<MultiGuard> {
+        let _call = crate::process::ApiCall::enter();
         let order = self.order()?;
         let ttl = self.ttl.unwrap_or(crate::DEFAULT_TTL);
         ttl_millis(ttl)?;
@@ -600,6 +601,7 @@ impl MultiGuard {
     /// Extends every name to `ttl` from now. Errors: the first name's error
     /// ([`ErrorKind::NotHeld`] when it was lost: the whole lock is).
     pub fn extend(&self, ttl: Duration) -> Result<()> {
+        let _call = crate::process::ApiCall::enter();
         let mut first = None;
         for (_, guard) in &self.guards {
             if let Err(e) = guard.extend(ttl) {
@@ -612,6 +614,7 @@ impl MultiGuard {
     /// Releases every name, last taken first. `Ok` only when each was held without a break
     /// up to its release; otherwise the first error (every name is released all the same).
     pub fn release(mut self) -> Result<()> {
+        let _call = crate::process::ApiCall::enter();
         let mut first: Option<Error> = None;
         for (_, guard) in std::mem::take(&mut self.guards).into_iter().rev() {
             if let Err(e) = guard.release() {
@@ -646,6 +649,7 @@ impl std::fmt::Debug for MultiGuard {
 
 impl Drop for MultiGuard {
     fn drop(&mut self) {
+        let _call = crate::process::ApiCall::enter();
         give_back(std::mem::take(&mut self.guards));
     }
 }

@@ -179,12 +179,16 @@ thread_local! {
     /// Set on a thread that came back from caller code (a callback) in a process forked
     /// meanwhile: what the thread was doing for its parent must not go on in the child.
     static ORPHANED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// How many calls of the library's API this thread is inside (a callback may make
+    /// calls of its own inside another): see [`ApiCall`].
+    static DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// Runs `callback` (caller code: a log callback, a lost-lock handler, an interrupt hook,
 /// a `user_data_free`) and notes, on this thread, when it returns in a child forked
-/// inside it: from then on [`orphaned`] is true here, and the thread's call in progress
-/// (its parent's) sends nothing more. Two system calls (`getpid` before and after).
+/// inside it: from then on [`orphaned`] is true here until the outermost [`ApiCall`] of
+/// the thread ends, and that call (its parent's) sends nothing more. Two system calls
+/// (`getpid` before and after).
 pub(crate) fn call_out<R>(callback: impl FnOnce() -> R) -> R {
     let before = std::process::id();
     let result = callback();
@@ -195,19 +199,50 @@ pub(crate) fn call_out<R>(callback: impl FnOnce() -> R) -> R {
 }
 
 /// Whether this thread came back from a callback in a forked child during the call it is
-/// in (see [`call_out`]): it must send nothing, start no thread for its parent's locks,
-/// and a renewal thread ends.
+/// in (see [`call_out`]): it must send and read nothing, start no thread for its parent's
+/// locks, and a renewal or batching thread ends.
 pub(crate) fn orphaned() -> bool {
     ORPHANED.try_with(std::cell::Cell::get).unwrap_or(false)
 }
 
-/// Ends the call in which this thread was [`orphaned`]: whether it was (the C ABI's
-/// boundary then fails the call), and the thread's next call is the child's own. Only the
-/// C ABI's boundary calls it, where a call of the library ends: a Rust caller's thread
-/// stays marked (a call may run several acquires, and the mark must last to its end), so
-/// in a child it does nothing more with the library; the child's other threads do.
-pub(crate) fn take_orphaned() -> bool {
-    ORPHANED.try_with(|o| o.replace(false)).unwrap_or(false)
+/// One call of the library's API on this thread (a C function, or a Rust API call that
+/// may run callbacks or other calls), from its start to its end. Calls made inside it (by
+/// a callback, or one API call running others: a lock set takes its names with ordinary
+/// acquires) are nested; the [`orphaned`] mark lasts until the outermost ends, and a new
+/// outermost call starts unmarked: what a child's thread does after its parent's call
+/// failed is its own.
+pub(crate) struct ApiCall {
+    outermost: bool,
+}
+
+impl ApiCall {
+    /// Enters a call (see [`ApiCall`]).
+    pub(crate) fn enter() -> ApiCall {
+        let depth = DEPTH
+            .try_with(|d| d.replace(d.get().saturating_add(1)))
+            .unwrap_or(1);
+        if depth == 0 {
+            let _ = ORPHANED.try_with(|o| o.set(false));
+        }
+        ApiCall {
+            outermost: depth == 0,
+        }
+    }
+
+    /// Whether this is the thread's outermost call, and a callback forked during it: the
+    /// call fails in the child (the C ABI's boundary fails it with `LOCK_ERR_INTERNAL`).
+    pub(crate) fn orphaned(&self) -> bool {
+        self.outermost && orphaned()
+    }
+}
+
+impl Drop for ApiCall {
+    fn drop(&mut self) {
+        let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+        if self.outermost {
+            let _ = ORPHANED.try_with(|o| o.set(false));
+        }
+    }
 }
 
 /// The error of a call [`orphaned`] by a fork inside one of its callbacks.
@@ -218,4 +253,36 @@ pub(crate) fn orphaned_error() -> crate::error::Error {
          handler or interrupt hook): the child cannot carry on its parent's call, and \
          sent nothing for it",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `call_out` does when the callback returned in a forked child.
+    fn mark() {
+        ORPHANED.with(|o| o.set(true));
+    }
+
+    #[test]
+    fn the_orphaned_mark_lasts_to_the_end_of_the_outermost_call() {
+        let outer = ApiCall::enter();
+        assert!(!outer.orphaned());
+        mark();
+        {
+            // A call from a later callback, inside the marked one: it neither reports
+            // the mark (its own result stands) nor ends it.
+            let nested = ApiCall::enter();
+            assert!(!nested.orphaned());
+        }
+        assert!(orphaned());
+        assert!(outer.orphaned());
+        drop(outer);
+        assert!(!orphaned(), "the outermost call's end takes the mark");
+        // A stale mark (set outside any call) does not fail the next call.
+        mark();
+        let next = ApiCall::enter();
+        assert!(!next.orphaned());
+        assert!(!orphaned());
+    }
 }

@@ -86,6 +86,10 @@ impl Batcher {
         item: Item,
         io: Duration,
     ) -> Result<u64> {
+        if crate::process::orphaned() {
+            // A thread started here would not be marked: the item is its parent's.
+            return Err(crate::process::orphaned_error());
+        }
         let mut queue = batcher.queue();
         let now = sync::now();
         if let Some(since) = queue.in_flight_since {

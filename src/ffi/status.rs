@@ -148,6 +148,7 @@ pub(crate) fn last_error() -> *const c_char {
 /// the thread's last error message is set (empty on success).
 pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Failure>) -> i32 {
     super::hold_tables_across_fork();
+    let call = crate::process::ApiCall::enter();
     let mut outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<&str>()
@@ -159,9 +160,10 @@ pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Failure>) -> i32 {
             format!("internal error (a bug in redlease): {what}"),
         ))
     });
-    if crate::process::take_orphaned() {
+    if call.orphaned() {
         outcome = Err(crate::process::orphaned_error().into());
     }
+    drop(call);
     match outcome {
         Ok(()) => {
             set_last_error("");

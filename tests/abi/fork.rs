@@ -400,10 +400,15 @@ fn children_of_concurrent_forks_can_fork_again_and_call_the_library() {
 }
 
 static HOOK_CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// Calls of the hook in the child after the fork: each means the child waited on.
+static CALLS_IN_CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 /// An interrupt hook that forks at its first call (the child returns into the wait) and
 /// never cancels.
 unsafe extern "C" fn fork_in_hook(_: *mut std::ffi::c_void) -> i32 {
+    if HOOK_CHILD.load(Ordering::SeqCst) == -1 {
+        CALLS_IN_CHILD.fetch_add(1, Ordering::SeqCst);
+    }
     if HOOK_CHILD.load(Ordering::SeqCst) == 0 {
         // SAFETY: fork; the child comes back out of the hook into its parent's wait.
         let pid = unsafe { libc::fork() };
@@ -415,7 +420,9 @@ unsafe extern "C" fn fork_in_hook(_: *mut std::ffi::c_void) -> i32 {
 /// An interrupt hook that forks while its thread waits in `lock_acquire_opts` (blocked on
 /// the server, behind another holder): the child comes back into its parent's wait, on
 /// its parent's connection and registration. It must fail the call at once, reading and
-/// sending nothing; the parent waits on and gets the lock when the holder lets go.
+/// sending nothing (it does not wait on: the hook is not called again there, and the
+/// parent's replies stay on the socket for the parent); the parent waits on and gets the
+/// lock when the holder lets go.
 #[test]
 fn a_child_forked_in_an_interrupt_hook_does_not_finish_its_parents_wait() {
     let server = RedisServer::start();
@@ -435,10 +442,12 @@ fn a_child_forked_in_an_interrupt_hook_does_not_finish_its_parents_wait() {
         let rc =
             unsafe { lock_acquire_opts(client, name.as_ptr(), 30_000, 10_000, &opts, &mut lock) };
         if HOOK_CHILD.load(Ordering::SeqCst) == -1 {
-            // The child (this thread alone): 0 when the wait failed here, 1 when it
-            // "acquired" its parent's lock, 2 for anything else.
+            // The child (this thread alone): 0 when the wait failed here at once, 1 when
+            // it "acquired" its parent's lock, 2 for another result, 3 when it failed
+            // but only after waiting on (reading its parent's socket).
             let code = match rc {
-                LOCK_ERR_INTERNAL => 0,
+                LOCK_ERR_INTERNAL if CALLS_IN_CHILD.load(Ordering::SeqCst) == 0 => 0,
+                LOCK_ERR_INTERNAL => 3,
                 LOCK_OK => 1,
                 _ => 2,
             };

@@ -157,3 +157,80 @@ fn a_cancelled_waiter_in_a_process_that_forked_leaves_no_request_behind() {
     );
     assert_eq!(server.get("forked"), None);
 }
+
+/// 0 until the hook below forks; then the child's pid in the parent, -1 in the child.
+static HOOK_FORKED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// A Rust interrupt hook that forks while its thread waits: in the child the thread comes
+/// back into its parent's wait. That acquire fails there (`Internal`, at once), and the
+/// child's own calls afterwards (a client of its own: ping, is_locked, a lock of its own)
+/// work. The parent waits on and gets the lock.
+#[test]
+fn a_child_forked_in_an_interrupt_hook_fails_its_parents_wait_and_then_works_on_its_own() {
+    use std::sync::atomic::Ordering;
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = Client::open(&url)
+        .unwrap()
+        .lock("fork-in-rust-hook")
+        .acquire()
+        .unwrap();
+    let waiter = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            let client = Client::open(&url).unwrap();
+            let result = client
+                .lock("fork-in-rust-hook")
+                .on_interrupt(|| {
+                    if HOOK_FORKED.load(Ordering::SeqCst) == 0 {
+                        // SAFETY: fork; the child comes back into the wait.
+                        let pid = unsafe { libc::fork() };
+                        HOOK_FORKED.store(if pid == 0 { -1 } else { pid }, Ordering::SeqCst);
+                    }
+                    false
+                })
+                .acquire_timeout(Duration::from_secs(20));
+            if HOOK_FORKED.load(Ordering::SeqCst) == -1 {
+                // The child: 1 when it took its parent's lock, 2 for another failure than
+                // Internal, 3 when its own client then fails.
+                let code = match &result {
+                    Ok(_) => 1,
+                    Err(e) if e.kind() != ErrorKind::Internal => 2,
+                    Err(_) => {
+                        drop(result);
+                        let own = Client::open(&url);
+                        let works = own.is_ok_and(|own| {
+                            own.ping().is_ok()
+                                && own.is_locked("fork-in-rust-hook:other").is_ok()
+                                && own
+                                    .lock("fork-in-rust-hook:child")
+                                    .try_acquire()
+                                    .and_then(|g| g.release())
+                                    .is_ok()
+                        });
+                        if works { 0 } else { 3 }
+                    }
+                };
+                // SAFETY: ends the child at once.
+                unsafe { libc::_exit(code) }
+            }
+            result.and_then(|g| g.release())
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || HOOK_FORKED
+            .load(Ordering::SeqCst)
+            > 0),
+        "the hook was not called during the wait"
+    );
+    let child = HOOK_FORKED.load(Ordering::SeqCst);
+    let status = support::exit_status(child, Duration::from_secs(15));
+    holder.release().unwrap();
+    let parent = waiter.join().unwrap();
+    assert_eq!(
+        status,
+        Some(0),
+        "1: the child took its parent's lock; 2: another error; 3: its own client failed"
+    );
+    parent.unwrap();
+}
