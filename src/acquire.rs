@@ -5,7 +5,8 @@
 //! happened. A give-back the machine sends in the background goes out on a short-lived
 //! thread of its own, bounded by one I/O timeout.
 
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::backend::call::Replicas;
@@ -18,6 +19,7 @@ use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::kinds::{Kind, wrong_kind};
 use crate::lane::Lane;
+use crate::process::{self, Process};
 use crate::protocol::{AttemptRequest, Hold, LockServer};
 use crate::{stats, token};
 
@@ -207,11 +209,86 @@ pub(crate) fn give_back_in_background(
             ),
         }
     };
+    let me = Process::current();
+    withdrawals().started(me);
     let spawned = std::thread::Builder::new()
         .name("redlease-giveback".into())
         .stack_size(128 * 1024)
-        .spawn(give_back);
+        .spawn(move || {
+            give_back();
+            withdrawals().ended(me);
+        });
     if let Err(e) = spawned {
+        withdrawals().ended(me);
         log::debug!("no thread for a background withdrawal ({e}); it lapses after its lease");
     }
+}
+
+/// The withdrawals in flight on threads of their own, counted for
+/// [`wait_for_background_withdrawals`]: the process they belong to (a forked child has
+/// none of its parent's threads) and how many.
+struct Withdrawals {
+    process: Process,
+    in_flight: usize,
+}
+
+impl Withdrawals {
+    fn own(&mut self, me: Process) {
+        if self.process != me {
+            self.process = me;
+            self.in_flight = 0;
+        }
+    }
+
+    fn started(&mut self, me: Process) {
+        self.own(me);
+        self.in_flight += 1;
+    }
+
+    fn ended(&mut self, me: Process) {
+        if self.process == me {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            WITHDRAWN.notify_all();
+        }
+    }
+}
+
+static WITHDRAWALS: Mutex<Withdrawals> = Mutex::new(Withdrawals {
+    process: Process::NONE,
+    in_flight: 0,
+});
+static WITHDRAWN: Condvar = Condvar::new();
+
+/// The count, locked (never while anything else is done); held across `fork()`.
+fn withdrawals() -> MutexGuard<'static, Withdrawals> {
+    static HELD_ACROSS_FORK: AtomicBool = AtomicBool::new(false);
+    process::hold_across_fork_once(&HELD_ACROSS_FORK, || {
+        vec![Box::new(WITHDRAWALS.lock().unwrap_or_else(PoisonError::into_inner))]
+    });
+    WITHDRAWALS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waits up to `limit` for the withdrawals this process sends in the background, and
+/// returns whether none is left. An attempt whose reply never came (lost, or late past the
+/// call's bound) is given back on a thread of its own, bounded by one I/O timeout, so that
+/// the call that made it keeps its own bound; a program that exits at once (a command-line
+/// tool after a failed acquire) calls this first, or what such an attempt may have taken
+/// on the server stays there until its ttl. Blocks the calling thread; returns at once
+/// when nothing is in flight. Thread-safe.
+pub fn wait_for_background_withdrawals(limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let me = Process::current();
+    let mut w = withdrawals();
+    w.own(me);
+    while w.in_flight > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        w = WITHDRAWN
+            .wait_timeout(w, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+    true
 }

@@ -79,6 +79,7 @@ mod tls;
 mod token;
 mod url;
 
+pub use acquire::wait_for_background_withdrawals;
 pub use cancel::{CancelToken, cancel_all, reset_cancel_all};
 pub use client::{Client, RwLock};
 pub use core::lease::{LostReason, MAX_TTL, MIN_TTL};

@@ -479,6 +479,10 @@ fn main_inner(cli: Cli) -> i32 {
         }
         Cmd::Check(args) => connect(conn).and_then(|c| inspect::check(&c, args.json)),
     };
+    // An attempt whose reply never came is given back on a thread of the library's own:
+    // let it finish (within one more timeout) before the process exits, or what the
+    // attempt may have taken stays on the server until its ttl.
+    redlease::wait_for_background_withdrawals(conn.timeout + Duration::from_millis(500));
     match outcome {
         Ok(code) => code,
         Err(fail) => {

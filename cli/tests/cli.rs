@@ -1387,3 +1387,30 @@ fn a_job_extends_and_releases_its_lock_with_the_token_it_was_given() {
         assert_eq!(exec(args).code, Some(64), "{args:?}");
     }
 }
+
+/// An attempt whose reply is lost (it ran on the server): `run` fails with 69, and gives
+/// the attempt back before it exits rather than leave the key on the server for its ttl
+/// (the give-back is held back a moment by the proxy: a process that exited at once
+/// would be gone before it was sent).
+#[test]
+fn run_whose_attempt_went_unanswered_gives_it_back_before_exiting() {
+    use support::proxy::{Action, Proxy};
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let url = proxy.url();
+    // The server caches the scripts, so that the next attempt runs whichever way it is sent.
+    let warm = exec(&["run", "--url", &url, "cron-warm", "--", "true"]);
+    assert_eq!(warm.code, Some(0), "{warm:?}");
+    let dropped = proxy.on_request(b"cron-job", 1, Action::DropReply);
+    let held = proxy.on_request(
+        b"cron-job",
+        1,
+        Action::DelayRequest(Duration::from_millis(300)),
+    );
+    let out = exec(&["run", "--url", &url, "--timeout", "1s", "cron-job", "--", "true"]);
+    let left = exists(&server, "cron-job");
+    assert_eq!(out.code, Some(69), "{out:?}");
+    assert_eq!(proxy.matched(dropped), 1, "the attempt was not sent");
+    assert_eq!(proxy.matched(held), 1, "no give-back was sent");
+    assert!(!left, "the unanswered attempt's key outlived redlease: {out:?}");
+}
