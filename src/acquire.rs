@@ -215,8 +215,8 @@ pub(crate) fn give_back_in_background(
         .name("redlease-giveback".into())
         .stack_size(128 * 1024)
         .spawn(move || {
+            let _counted = Counted(me);
             give_back();
-            withdrawals().ended(me);
         });
     if let Err(e) = spawned {
         withdrawals().ended(me);
@@ -250,6 +250,15 @@ impl Withdrawals {
             self.in_flight = self.in_flight.saturating_sub(1);
             WITHDRAWN.notify_all();
         }
+    }
+}
+
+/// Counts a withdrawal's end when dropped: also when it panicked.
+struct Counted(Process);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        withdrawals().ended(self.0);
     }
 }
 
