@@ -272,7 +272,9 @@ static WITHDRAWN: Condvar = Condvar::new();
 fn withdrawals() -> MutexGuard<'static, Withdrawals> {
     static HELD_ACROSS_FORK: AtomicBool = AtomicBool::new(false);
     process::hold_across_fork_once(&HELD_ACROSS_FORK, || {
-        vec![Box::new(WITHDRAWALS.lock().unwrap_or_else(PoisonError::into_inner))]
+        vec![Box::new(
+            WITHDRAWALS.lock().unwrap_or_else(PoisonError::into_inner),
+        )]
     });
     WITHDRAWALS.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -1407,10 +1407,22 @@ fn run_whose_attempt_went_unanswered_gives_it_back_before_exiting() {
         1,
         Action::DelayRequest(Duration::from_millis(300)),
     );
-    let out = exec(&["run", "--url", &url, "--timeout", "1s", "cron-job", "--", "true"]);
+    let out = exec(&[
+        "run",
+        "--url",
+        &url,
+        "--timeout",
+        "1s",
+        "cron-job",
+        "--",
+        "true",
+    ]);
     let left = exists(&server, "cron-job");
     assert_eq!(out.code, Some(69), "{out:?}");
     assert_eq!(proxy.matched(dropped), 1, "the attempt was not sent");
     assert_eq!(proxy.matched(held), 1, "no give-back was sent");
-    assert!(!left, "the unanswered attempt's key outlived redlease: {out:?}");
+    assert!(
+        !left,
+        "the unanswered attempt's key outlived redlease: {out:?}"
+    );
 }
