@@ -185,16 +185,16 @@ impl Client {
     ///
     /// On a Redlock client: whether a majority of the primaries hold the key.
     pub fn is_locked(&self, name: &str) -> Result<bool> {
-        let _call = crate::process::ApiCall::enter();
-        let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
-        self.inner.server.is_locked(&keys)
+        crate::process::api_call(|| {
+            let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
+            self.inner.server.is_locked(&keys)
+        })
     }
 
     /// Sends `PING`: a cheap way to check the URL, credentials and reachability up front.
     /// On a Redlock client, a majority of the primaries must answer.
     pub fn ping(&self) -> Result<()> {
-        let _call = crate::process::ApiCall::enter();
-        self.inner.server.ping()
+        crate::process::api_call(|| self.inner.server.ping())
     }
 
     /// The URL with any password replaced by `***`.

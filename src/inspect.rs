@@ -205,9 +205,10 @@ impl Client {
     /// Who holds the lock `name` now, for how long, its last fencing token and its
     /// waiters. One round trip (bounded like [`Client::is_locked`]).
     pub fn inspect(&self, name: &str) -> Result<LockInfo> {
-        let _call = crate::process::ApiCall::enter();
-        let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
-        self.inspect_keys(&keys)
+        crate::process::api_call(|| {
+            let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
+            self.inspect_keys(&keys)
+        })
     }
 
     fn inspect_keys(&self, keys: &LockKeys) -> Result<LockInfo> {
@@ -257,39 +258,42 @@ impl Client {
     /// `SCAN` (never `KEYS`), on every primary. A lock only ever taken by clients outside
     /// redlease (plain `SET NX`) has no counter and is not listed. At most `limit` locks.
     pub fn locks(&self, pattern: &str, limit: usize) -> Result<Vec<LockInfo>> {
-        let _call = crate::process::ApiCall::enter();
-        let counters = self
-            .inspecting()?
-            .scan(&format!("{RESERVED_PREFIX}fence:*"), usize::MAX)?;
-        let mut out = Vec::new();
-        'counters: for counter in counters {
-            for key in keys::lock_keys_of(&counter) {
-                let prefix = &self.inner.options.key_prefix;
-                if !key.starts_with(prefix.as_str()) || !glob(pattern.as_bytes(), key.as_bytes()) {
-                    continue;
-                }
-                let Ok(lock_keys) = LockKeys::new("", &key) else {
-                    continue;
-                };
-                let info = match self.inspect_keys(&lock_keys) {
-                    Ok(info) => info,
-                    // A key this user may not read (ACL): not one of its locks.
-                    Err(e) if e.kind() == ErrorKind::Server => {
-                        log::debug!("not listing {key:?}: {e}");
+        crate::process::api_call(|| {
+            let counters = self
+                .inspecting()?
+                .scan(&format!("{RESERVED_PREFIX}fence:*"), usize::MAX)?;
+            let mut out = Vec::new();
+            'counters: for counter in counters {
+                for key in keys::lock_keys_of(&counter) {
+                    let prefix = &self.inner.options.key_prefix;
+                    if !key.starts_with(prefix.as_str())
+                        || !glob(pattern.as_bytes(), key.as_bytes())
+                    {
                         continue;
                     }
-                    Err(e) => return Err(e),
-                };
-                if info.held_as.is_some() {
-                    out.push(info);
-                    if out.len() >= limit {
-                        break 'counters;
+                    let Ok(lock_keys) = LockKeys::new("", &key) else {
+                        continue;
+                    };
+                    let info = match self.inspect_keys(&lock_keys) {
+                        Ok(info) => info,
+                        // A key this user may not read (ACL): not one of its locks.
+                        Err(e) if e.kind() == ErrorKind::Server => {
+                            log::debug!("not listing {key:?}: {e}");
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    if info.held_as.is_some() {
+                        out.push(info);
+                        if out.len() >= limit {
+                            break 'counters;
+                        }
                     }
                 }
             }
-        }
-        out.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(out)
+            out.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok(out)
+        })
     }
 
     /// Deletes the lock `name` held by someone else, but only if its key still holds
@@ -304,25 +308,26 @@ impl Client {
     /// lock: has no writer, or another one); [`ErrorKind::InvalidArgument`] when `name` is
     /// a counting semaphore (nothing deleted).
     pub fn break_lock(&self, name: &str, holder: &str) -> Result<()> {
-        let _call = crate::process::ApiCall::enter();
-        let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
-        let call = Call::script(&BREAK, &[&keys.lock, &keys.grant, &keys.holds], &[&holder]);
-        let value = self.run_inspecting(&keys.lock, &[call])?;
-        match reply::<i64>(value)? {
-            1 => Ok(()),
-            -1 => Err(Error::invalid(format!(
-                "lock {:?} is a counting semaphore: its permits cannot be broken, each ends \
-                 with its own lease",
-                keys.lock
-            ))),
-            _ => Err(Error::new(
-                ErrorKind::NotHeld,
-                format!(
-                    "lock {:?} no longer holds {holder:?}; nothing deleted",
+        crate::process::api_call(|| {
+            let keys = LockKeys::new(&self.inner.options.key_prefix, name)?;
+            let call = Call::script(&BREAK, &[&keys.lock, &keys.grant, &keys.holds], &[&holder]);
+            let value = self.run_inspecting(&keys.lock, &[call])?;
+            match reply::<i64>(value)? {
+                1 => Ok(()),
+                -1 => Err(Error::invalid(format!(
+                    "lock {:?} is a counting semaphore: its permits cannot be broken, each ends \
+                     with its own lease",
                     keys.lock
-                ),
-            )),
-        }
+                ))),
+                _ => Err(Error::new(
+                    ErrorKind::NotHeld,
+                    format!(
+                        "lock {:?} no longer holds {holder:?}; nothing deleted",
+                        keys.lock
+                    ),
+                )),
+            }
+        })
     }
 }
 
@@ -421,37 +426,38 @@ impl Client {
     /// Connects and reports the server's version, eviction policy and persistence, and the
     /// latency of a few round trips. Each request bounded as [`Client::is_locked`].
     pub fn check(&self) -> Result<ServerCheck> {
-        let _call = crate::process::ApiCall::enter();
-        let run =
-            |cmd: &redis::Cmd| -> Result<Value> { self.run_inspecting("", &[Call::cmd(cmd)]) };
-        let mut round_trips = Vec::new();
-        for _ in 0..5 {
-            let started = std::time::Instant::now();
-            reply::<String>(run(&redis::cmd("PING"))?)?;
-            round_trips.push(started.elapsed());
-        }
-        let mut info = redis::cmd("INFO");
-        info.arg("server");
-        let info: String = reply(run(&info)?)?;
-        let version = info
-            .lines()
-            .find_map(|l| l.strip_prefix("redis_version:"))
-            .unwrap_or("unknown")
-            .trim()
-            .to_owned();
-        let config = |name: &str| -> Option<String> {
-            let mut cmd = redis::cmd("CONFIG");
-            cmd.arg("GET").arg(name);
-            let pair: Vec<String> = reply(run(&cmd).ok()?).ok()?;
-            pair.get(1).cloned()
-        };
-        let appendonly = config("appendonly").zip(config("appendfsync"));
-        Ok(ServerCheck {
-            version,
-            maxmemory_policy: config("maxmemory-policy"),
-            save: config("save"),
-            appendonly,
-            round_trips,
+        crate::process::api_call(|| {
+            let run =
+                |cmd: &redis::Cmd| -> Result<Value> { self.run_inspecting("", &[Call::cmd(cmd)]) };
+            let mut round_trips = Vec::new();
+            for _ in 0..5 {
+                let started = std::time::Instant::now();
+                reply::<String>(run(&redis::cmd("PING"))?)?;
+                round_trips.push(started.elapsed());
+            }
+            let mut info = redis::cmd("INFO");
+            info.arg("server");
+            let info: String = reply(run(&info)?)?;
+            let version = info
+                .lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .unwrap_or("unknown")
+                .trim()
+                .to_owned();
+            let config = |name: &str| -> Option<String> {
+                let mut cmd = redis::cmd("CONFIG");
+                cmd.arg("GET").arg(name);
+                let pair: Vec<String> = reply(run(&cmd).ok()?).ok()?;
+                pair.get(1).cloned()
+            };
+            let appendonly = config("appendonly").zip(config("appendfsync"));
+            Ok(ServerCheck {
+                version,
+                maxmemory_policy: config("maxmemory-policy"),
+                save: config("save"),
+                appendonly,
+                round_trips,
+            })
         })
     }
 }

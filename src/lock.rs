@@ -197,75 +197,76 @@ impl<'a> LockBuilder<'a> {
     /// plain mutex (a reentrant lock's holds belong to their owner), or a Redlock client;
     /// connection, timeout and server errors.
     pub fn adopt(self, token: &str) -> Result<LockGuard> {
-        let _call = crate::process::ApiCall::enter();
-        let shared = self.shared;
-        let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
-        let keys = LockKeys::new(&shared.options.key_prefix, self.name)?;
-        if token.is_empty() || token.len() > MAX_TOKEN_LEN || token.contains('\0') {
-            return Err(Error::invalid(format!(
-                "a token to adopt is 1 to {MAX_TOKEN_LEN} bytes without NUL, got {} bytes",
-                token.len()
-            )));
-        }
-        if self.kind != Kind::Mutex || self.misuse.is_some() || self.replicas.is_some() {
-            return Err(Error::invalid(
-                "only a plain mutex can be adopted (not a reentrant lock, a semaphore, a \
-                 read-write lock, nor with min_replicas)",
-            ));
-        }
-        if !shared.server.capabilities().inspection {
-            return Err(Error::invalid(
-                "adopting a lock is not available on a Redlock client",
-            ));
-        }
-        let bounds = shared.server.bounds();
-        let call = crate::protocol::calls::adopt(&keys, token);
-        let sent_at = Instant::now();
-        let exec = Exec::new(Lane::Caller(sent_at + bounds.pool_wait), bounds.io);
-        let replies = shared.server.run(&keys.lock, &[call], &exec)?;
-        let value = replies
-            .values
-            .into_iter()
-            .next()
-            .unwrap_or(redis::Value::Nil);
-        let (lease, fencing_token) = match crate::protocol::calls::read_adopt(value)? {
-            Adopted::Held {
-                pttl,
-                fencing_token,
-            } => (pttl.unwrap_or(ttl), fencing_token),
-            Adopted::NotHeld => {
-                return Err(Error::new(
-                    ErrorKind::NotHeld,
-                    format!("lock {:?} is not held under that token", keys.lock),
+        crate::process::api_call(move || {
+            let shared = self.shared;
+            let ttl = Duration::from_millis(ttl_millis(self.ttl)?);
+            let keys = LockKeys::new(&shared.options.key_prefix, self.name)?;
+            if token.is_empty() || token.len() > MAX_TOKEN_LEN || token.contains('\0') {
+                return Err(Error::invalid(format!(
+                    "a token to adopt is 1 to {MAX_TOKEN_LEN} bytes without NUL, got {} bytes",
+                    token.len()
+                )));
+            }
+            if self.kind != Kind::Mutex || self.misuse.is_some() || self.replicas.is_some() {
+                return Err(Error::invalid(
+                    "only a plain mutex can be adopted (not a reentrant lock, a semaphore, a \
+                     read-write lock, nor with min_replicas)",
                 ));
             }
-            Adopted::Reentrant => {
-                return Err(Error::invalid(format!(
-                    "lock {:?} is a reentrant lock: its holds belong to their owner",
-                    keys.lock
-                )));
+            if !shared.server.capabilities().inspection {
+                return Err(Error::invalid(
+                    "adopting a lock is not available on a Redlock client",
+                ));
             }
-            Adopted::OtherKind => {
-                return Err(Error::invalid(format!(
-                    "{:?} is a semaphore or a read-write lock: only a mutex can be adopted",
-                    keys.lock
-                )));
-            }
-        };
-        let granted = Granted {
-            fencing_token,
-            lease,
-            sent_at,
-        };
-        LockGuard::taken(
-            shared,
-            keys,
-            token.to_owned(),
-            granted,
-            ttl,
-            self.renew,
-            self.on_lost,
-        )
+            let bounds = shared.server.bounds();
+            let call = crate::protocol::calls::adopt(&keys, token);
+            let sent_at = Instant::now();
+            let exec = Exec::new(Lane::Caller(sent_at + bounds.pool_wait), bounds.io);
+            let replies = shared.server.run(&keys.lock, &[call], &exec)?;
+            let value = replies
+                .values
+                .into_iter()
+                .next()
+                .unwrap_or(redis::Value::Nil);
+            let (lease, fencing_token) = match crate::protocol::calls::read_adopt(value)? {
+                Adopted::Held {
+                    pttl,
+                    fencing_token,
+                } => (pttl.unwrap_or(ttl), fencing_token),
+                Adopted::NotHeld => {
+                    return Err(Error::new(
+                        ErrorKind::NotHeld,
+                        format!("lock {:?} is not held under that token", keys.lock),
+                    ));
+                }
+                Adopted::Reentrant => {
+                    return Err(Error::invalid(format!(
+                        "lock {:?} is a reentrant lock: its holds belong to their owner",
+                        keys.lock
+                    )));
+                }
+                Adopted::OtherKind => {
+                    return Err(Error::invalid(format!(
+                        "{:?} is a semaphore or a read-write lock: only a mutex can be adopted",
+                        keys.lock
+                    )));
+                }
+            };
+            let granted = Granted {
+                fencing_token,
+                lease,
+                sent_at,
+            };
+            LockGuard::taken(
+                shared,
+                keys,
+                token.to_owned(),
+                granted,
+                ttl,
+                self.renew,
+                self.on_lost,
+            )
+        })
     }
 
     pub(crate) fn acquire_with(mut self, wait: Wait) -> Result<LockGuard> {
@@ -464,6 +465,11 @@ impl LockGuard {
         hold: String,
         registry: Option<Arc<Registry>>,
     ) -> Result<LockGuard> {
+        if crate::process::orphaned() {
+            // A callback forked after the grant and this is the child: the lock is the
+            // parent's. The lease is dropped unused (that sends nothing).
+            return Err(crate::process::orphaned_error());
+        }
         let lease = Arc::new(lease);
         let held = Held::new(lease.clone(), registry);
         let guard = LockGuard::with(held.clone(), hold);
@@ -581,41 +587,42 @@ impl LockGuard {
     /// lease then never assumes more than the shorter of the old and the new ttl again, for
     /// the rest of the lock's life (a late extend to the shorter ttl could still run).
     pub fn extend(&self, ttl: Duration) -> Result<()> {
-        let _call = crate::process::ApiCall::enter();
-        let ttl = Duration::from_millis(ttl_millis(ttl)?);
-        self.lease().check_process()?;
-        if self.released.load(Ordering::SeqCst) {
-            return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
-        }
-        let extended = {
-            let Some(_gate) = self.lease().gate() else {
+        crate::process::api_call(|| {
+            let ttl = Duration::from_millis(ttl_millis(ttl)?);
+            self.lease().check_process()?;
+            if self.released.load(Ordering::SeqCst) {
                 return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
+            }
+            let extended = {
+                let Some(_gate) = self.lease().gate() else {
+                    return Err(Error::new(ErrorKind::NotHeld, "the lock was released"));
+                };
+                // Read under the gate: a renewal that was in flight may have moved it on.
+                let deadline = self.lease().deadline();
+                self.lease().extend_gated(ttl, Lane::Urgent, Some(deadline))
             };
-            // Read under the gate: a renewal that was in flight may have moved it on.
-            let deadline = self.lease().deadline();
-            self.lease().extend_gated(ttl, Lane::Urgent, Some(deadline))
-        };
-        if extended.is_err() && self.lease().lost().is_some() {
-            // The extend ran into the deadline: the holder is told, after the gate (the
-            // callback may release).
-            self.lease().notify_lost();
-        }
-        let extended = extended.inspect_err(stats::unknown_if)?;
-        match extended {
-            Extended::Yes => {
-                if let Some(renewal) = self.renewal_slot().as_ref() {
-                    renewal.reschedule();
-                }
-                Ok(())
-            }
-            Extended::Lost(reason) => {
+            if extended.is_err() && self.lease().lost().is_some() {
+                // The extend ran into the deadline: the holder is told, after the gate (the
+                // callback may release).
                 self.lease().notify_lost();
-                Err(Error::new(
-                    ErrorKind::NotHeld,
-                    format!("lock {:?} was lost: {reason}", self.lease().keys.lock),
-                ))
             }
-        }
+            let extended = extended.inspect_err(stats::unknown_if)?;
+            match extended {
+                Extended::Yes => {
+                    if let Some(renewal) = self.renewal_slot().as_ref() {
+                        renewal.reschedule();
+                    }
+                    Ok(())
+                }
+                Extended::Lost(reason) => {
+                    self.lease().notify_lost();
+                    Err(Error::new(
+                        ErrorKind::NotHeld,
+                        format!("lock {:?} was lost: {reason}", self.lease().keys.lock),
+                    ))
+                }
+            }
+        })
     }
 
     /// Stops renewal, then releases the lock if the key still holds this lock's token.
@@ -633,8 +640,7 @@ impl LockGuard {
     /// and timeout errors when Redis could not be told (the lock then expires after its
     /// ttl).
     pub fn release(self) -> Result<()> {
-        let _call = crate::process::ApiCall::enter();
-        self.release_shared()
+        crate::process::api_call(move || self.release_shared())
     }
 
     /// Lets go of the lock without releasing it: stops renewing it (with its last hold, for

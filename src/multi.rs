@@ -126,92 +126,93 @@ impl<'a> MultiLockBuilder<'a> {
     }
 
     fn acquire_until(self, deadline: Option<Instant>, waits: bool) -> Result<MultiGuard> {
-        let _call = crate::process::ApiCall::enter();
-        let order = self.order()?;
-        let ttl = self.ttl.unwrap_or(crate::DEFAULT_TTL);
-        ttl_millis(ttl)?;
-        let wait = match (waits, deadline) {
-            (false, _) => Wait::No,
-            (true, None) => Wait::Forever,
-            (true, Some(deadline)) => Wait::Until(deadline),
-        };
-        let hub = Arc::new(LossHub::default());
-        // Between two starts: a ttl too short for the steps would otherwise have the
-        // acquire take and give back its names as fast as the servers answer.
-        let mut pause = group::RESTART_PAUSE;
-        let mut warned = false;
-        let (guards, lives) = loop {
-            let pass = Instant::now();
-            let (guards, lives) = self.take_in_order(&order, ttl, wait, &hub)?;
-            // Without renewal, leases ran down while later names were taken (or counted
-            // from a request that waited): each such name gets its ttl again from now.
-            // One whose lease ran out (another client may have it now) makes the whole
-            // set go back and start again, within the wait.
-            let lapsed = if self.renew {
-                None
-            } else {
-                let left: Vec<Duration> = guards.iter().map(|(_, g)| g.remaining()).collect();
-                group::run_down(&left, ttl).into_iter().find_map(|i| {
-                    let (name, guard) = &guards[i];
-                    let failed = guard.extend(ttl).err();
-                    failed.map(|e| (name.clone(), e, guard.lost_reason()))
-                })
+        crate::process::api_call(move || {
+            let order = self.order()?;
+            let ttl = self.ttl.unwrap_or(crate::DEFAULT_TTL);
+            ttl_millis(ttl)?;
+            let wait = match (waits, deadline) {
+                (false, _) => Wait::No,
+                (true, None) => Wait::Forever,
+                (true, Some(deadline)) => Wait::Until(deadline),
             };
-            let Some((name, e, lost)) = lapsed else {
-                break (guards, lives);
-            };
-            let took = pass.elapsed();
-            give_back(guards);
-            if e.kind() != ErrorKind::NotHeld {
-                return Err(e);
-            }
-            let now = Instant::now();
-            if took >= ttl && !warned {
-                warned = true;
-                log::warn!(
-                    "lock_all without renewal: taking {} names took {took:?}, longer than \
-                     their ttl of {ttl:?}; it starts again while its wait lasts (give a \
-                     longer ttl, or keep renewal on)",
-                    order.len()
-                );
-            }
-            let Some((this, next)) = group::start_again(wait, now, pause, ttl) else {
-                let why = match lost {
-                    Some(LostReason::NotHeld) => format!(
-                        "its key no longer held this lock's token (another owner took it, \
-                         or it expired on the server) while the later names were taken \
-                         (in {took:?})"
-                    ),
-                    _ => format!(
-                        "its lease of {ttl:?}, without renewal, ended while the later names \
-                         were taken (in {took:?})"
-                    ),
+            let hub = Arc::new(LossHub::default());
+            // Between two starts: a ttl too short for the steps would otherwise have the
+            // acquire take and give back its names as fast as the servers answer.
+            let mut pause = group::RESTART_PAUSE;
+            let mut warned = false;
+            let (guards, lives) = loop {
+                let pass = Instant::now();
+                let (guards, lives) = self.take_in_order(&order, ttl, wait, &hub)?;
+                // Without renewal, leases ran down while later names were taken (or counted
+                // from a request that waited): each such name gets its ttl again from now.
+                // One whose lease ran out (another client may have it now) makes the whole
+                // set go back and start again, within the wait.
+                let lapsed = if self.renew {
+                    None
+                } else {
+                    let left: Vec<Duration> = guards.iter().map(|(_, g)| g.remaining()).collect();
+                    group::run_down(&left, ttl).into_iter().find_map(|i| {
+                        let (name, guard) = &guards[i];
+                        let failed = guard.extend(ttl).err();
+                        failed.map(|e| (name.clone(), e, guard.lost_reason()))
+                    })
                 };
-                return Err(Error::new(
-                    ErrorKind::Busy,
-                    format!("{name:?} was not kept: {why}: {e}"),
-                ));
+                let Some((name, e, lost)) = lapsed else {
+                    break (guards, lives);
+                };
+                let took = pass.elapsed();
+                give_back(guards);
+                if e.kind() != ErrorKind::NotHeld {
+                    return Err(e);
+                }
+                let now = Instant::now();
+                if took >= ttl && !warned {
+                    warned = true;
+                    log::warn!(
+                        "lock_all without renewal: taking {} names took {took:?}, longer than \
+                         their ttl of {ttl:?}; it starts again while its wait lasts (give a \
+                         longer ttl, or keep renewal on)",
+                        order.len()
+                    );
+                }
+                let Some((this, next)) = group::start_again(wait, now, pause, ttl) else {
+                    let why = match lost {
+                        Some(LostReason::NotHeld) => format!(
+                            "its key no longer held this lock's token (another owner took it, \
+                             or it expired on the server) while the later names were taken \
+                             (in {took:?})"
+                        ),
+                        _ => format!(
+                            "its lease of {ttl:?}, without renewal, ended while the later names \
+                             were taken (in {took:?})"
+                        ),
+                    };
+                    return Err(Error::new(
+                        ErrorKind::Busy,
+                        format!("{name:?} was not kept: {why}: {e}"),
+                    ));
+                };
+                log::debug!("lock_all starts again in {this:?}: {name:?} was not kept ({e})");
+                let watch = Watch::waiting(self.cancel.clone(), None);
+                crate::connection::pause(this, &watch)?;
+                pause = next;
             };
-            log::debug!("lock_all starts again in {this:?}: {name:?} was not kept ({e})");
-            let watch = Watch::waiting(self.cancel.clone(), None);
-            crate::connection::pause(this, &watch)?;
-            pause = next;
-        };
-        // From here on a loss of any of these guards is the whole lock's. Losses before,
-        // and any of a guard given back on the way (a name taken alone while a later one
-        // was waited for), were the acquire's own business; a guard that was lost and is
-        // still part of the lock makes it lost at once.
-        for ((name, guard), live) in guards.iter().zip(&lives) {
-            live.store(true, Ordering::SeqCst);
-            if let Some(reason) = guard.lost_reason() {
-                if hub.lost(reason) {
-                    if let Some(callback) = &self.on_lost {
-                        callback(name, reason);
+            // From here on a loss of any of these guards is the whole lock's. Losses before,
+            // and any of a guard given back on the way (a name taken alone while a later one
+            // was waited for), were the acquire's own business; a guard that was lost and is
+            // still part of the lock makes it lost at once.
+            for ((name, guard), live) in guards.iter().zip(&lives) {
+                live.store(true, Ordering::SeqCst);
+                if let Some(reason) = guard.lost_reason() {
+                    if hub.lost(reason) {
+                        if let Some(callback) = &self.on_lost {
+                            crate::process::call_out(|| callback(name, reason));
+                        }
                     }
                 }
             }
-        }
-        Ok(MultiGuard { guards, hub })
+            Ok(MultiGuard { guards, hub })
+        })
     }
 
     /// Takes the names of `order` group after group (see the module documentation): the
@@ -601,34 +602,36 @@ impl MultiGuard {
     /// Extends every name to `ttl` from now. Errors: the first name's error
     /// ([`ErrorKind::NotHeld`] when it was lost: the whole lock is).
     pub fn extend(&self, ttl: Duration) -> Result<()> {
-        let _call = crate::process::ApiCall::enter();
-        let mut first = None;
-        for (_, guard) in &self.guards {
-            if let Err(e) = guard.extend(ttl) {
-                first.get_or_insert(e);
+        crate::process::api_call(|| {
+            let mut first = None;
+            for (_, guard) in &self.guards {
+                if let Err(e) = guard.extend(ttl) {
+                    first.get_or_insert(e);
+                }
             }
-        }
-        first.map_or(Ok(()), Err)
+            first.map_or(Ok(()), Err)
+        })
     }
 
     /// Releases every name, last taken first. `Ok` only when each was held without a break
     /// up to its release; otherwise the first error (every name is released all the same).
     pub fn release(mut self) -> Result<()> {
-        let _call = crate::process::ApiCall::enter();
-        let mut first: Option<Error> = None;
-        for (_, guard) in std::mem::take(&mut self.guards).into_iter().rev() {
-            if let Err(e) = guard.release() {
-                first.get_or_insert(e);
+        crate::process::api_call(move || {
+            let mut first: Option<Error> = None;
+            for (_, guard) in std::mem::take(&mut self.guards).into_iter().rev() {
+                if let Err(e) = guard.release() {
+                    first.get_or_insert(e);
+                }
             }
-        }
-        match (first, self.hub.reason()) {
-            (Some(e), _) => Err(e),
-            (None, Some(reason)) => Err(Error::new(
-                ErrorKind::NotHeld,
-                format!("the lock was lost before the release: {reason}"),
-            )),
-            (None, None) => Ok(()),
-        }
+            match (first, self.hub.reason()) {
+                (Some(e), _) => Err(e),
+                (None, Some(reason)) => Err(Error::new(
+                    ErrorKind::NotHeld,
+                    format!("the lock was lost before the release: {reason}"),
+                )),
+                (None, None) => Ok(()),
+            }
+        })
     }
 
     /// Takes the guards out, in the order taken (for the C ABI, which gives each its own

@@ -96,6 +96,10 @@ impl Pool {
         connect_by: Instant,
         check: Check,
     ) -> Result<Option<Pooled<'_>>> {
+        if process::orphaned() {
+            // Another of the parent's threads may have held the pool's lock at the fork.
+            return Err(process::orphaned_error());
+        }
         let mut state = self.state();
         match lane {
             Lane::Caller(until) => {
@@ -178,6 +182,10 @@ impl Pool {
     }
 
     fn give_back(&self, conn: Option<Connection>, lane: Lane, process: u64) {
+        if process::orphaned() {
+            // As in `checkout`: the pool is the parent's; its lock may never come back.
+            return;
+        }
         let conn = conn.filter(|_| process == process::generation());
         // In step with its replies; whether the server closed it is looked at when it is
         // next taken (a system call saved per request).

@@ -236,6 +236,21 @@ impl ApiCall {
     }
 }
 
+/// Runs `body` as one [`ApiCall`]: its result, or [`orphaned_error`] when it is the
+/// thread's outermost call and a callback forked during it (this is the child: what the
+/// call got is its parent's).
+pub(crate) fn api_call<T>(
+    body: impl FnOnce() -> crate::error::Result<T>,
+) -> crate::error::Result<T> {
+    let call = ApiCall::enter();
+    let result = body();
+    if call.orphaned() {
+        drop(result);
+        return Err(orphaned_error());
+    }
+    result
+}
+
 impl Drop for ApiCall {
     fn drop(&mut self) {
         let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));

@@ -170,7 +170,9 @@ pub unsafe extern "C" fn lock_acquire_all(
         if let (Some((name, reason)), Some((callback, user_data))) = (early, on_lost) {
             if let Some((_, handle)) = made.iter().find(|(n, _)| *n == name) {
                 // SAFETY: as above.
-                unsafe { callback(*handle, lost_code(reason), user_data.get()) }
+                crate::process::call_out(|| unsafe {
+                    callback(*handle, lost_code(reason), user_data.get())
+                });
             }
         }
         Ok(())

@@ -18,5 +18,6 @@ mod support;
 mod c_programs;
 mod client_options;
 mod fork;
+mod fork_after_a_reply;
 mod log_callback;
 mod packaging;
