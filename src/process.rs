@@ -182,7 +182,14 @@ thread_local! {
     /// How many calls of the library's API this thread is inside (a callback may make
     /// calls of its own inside another): see [`ApiCall`].
     static DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// The fork [`generation`] at the start of the thread's outermost [`ApiCall`]
+    /// ([`NO_CALL`] outside any): a fork with the fork handlers anywhere inside the call
+    /// (in a callback, or in the `Drop` of a closure the caller gave) changes it.
+    static CALL_GENERATION: std::cell::Cell<u64> = const { std::cell::Cell::new(NO_CALL) };
 }
+
+/// [`CALL_GENERATION`] outside any call.
+const NO_CALL: u64 = u64::MAX;
 
 /// Runs `callback` (caller code: a log callback, a lost-lock handler, an interrupt hook,
 /// a `user_data_free`) and notes, on this thread, when it returns in a child forked
@@ -198,11 +205,16 @@ pub(crate) fn call_out<R>(callback: impl FnOnce() -> R) -> R {
     result
 }
 
-/// Whether this thread came back from a callback in a forked child during the call it is
-/// in (see [`call_out`]): it must send and read nothing, start no thread for its parent's
-/// locks, and a renewal or batching thread ends.
+/// Whether this thread is in a child forked during the call it is in: a callback returned
+/// in a child (see [`call_out`]), or the fork generation moved since the outermost
+/// [`ApiCall`] began (a fork with the fork handlers anywhere in the call, also in the
+/// `Drop` of a closure the caller gave). It must send and read nothing, start no thread
+/// for its parent's locks, and a renewal or batching thread ends.
 pub(crate) fn orphaned() -> bool {
     ORPHANED.try_with(std::cell::Cell::get).unwrap_or(false)
+        || CALL_GENERATION
+            .try_with(|g| g.get() != NO_CALL && g.get() != FORKS.load(Ordering::SeqCst))
+            .unwrap_or(false)
 }
 
 /// One call of the library's API on this thread (a C function, or a Rust API call that
@@ -223,6 +235,7 @@ impl ApiCall {
             .unwrap_or(1);
         if depth == 0 {
             let _ = ORPHANED.try_with(|o| o.set(false));
+            let _ = CALL_GENERATION.try_with(|g| g.set(generation()));
         }
         ApiCall {
             outermost: depth == 0,
@@ -256,6 +269,7 @@ impl Drop for ApiCall {
         let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
         if self.outermost {
             let _ = ORPHANED.try_with(|o| o.set(false));
+            let _ = CALL_GENERATION.try_with(|g| g.set(NO_CALL));
         }
     }
 }

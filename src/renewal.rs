@@ -312,9 +312,9 @@ fn work(me: &Arc<Worker>) {
     let mut idle_since = Instant::now();
     let mut slack = Duration::ZERO;
     loop {
-        if process::orphaned() {
-            // A callback forked on this thread, which goes on in the child: the locks it
-            // renews are the parent's.
+        if process::orphaned() || !me.process.same_generation() {
+            // This thread forked (in a callback, or in the drop of one), and goes on in
+            // the child: the locks it renews are the parent's.
             return;
         }
         if current.is_none() {

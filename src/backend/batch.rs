@@ -162,12 +162,13 @@ impl Batcher {
 /// reads the replies, runs the completions. It holds the node only while it runs a batch,
 /// so a client that is dropped closes its connections at once.
 fn serve(batcher: &Batcher, node: Weak<dyn Conduit>, io: Duration) {
+    let born = crate::process::generation();
     loop {
         let items = {
             let mut queue = batcher.queue();
-            if crate::process::orphaned() {
-                // A callback forked on this thread: the child's next submit starts a
-                // batching thread of its own.
+            if crate::process::orphaned() || crate::process::generation() != born {
+                // This thread forked (in a callback, or in the drop of one): the child's
+                // next submit starts a batching thread of its own.
                 queue.running = false;
                 return;
             }

@@ -42,6 +42,7 @@ mod deployments;
 mod errors;
 mod extend;
 mod faults;
+mod fork_in_a_drop;
 mod input;
 mod inspect;
 mod keys;

@@ -1,0 +1,194 @@
+//! A fork in caller code that runs when the library drops a Rust closure it was given
+//! (the captured values' `Drop`, the Rust counterpart of the C ABI's `user_data_free`):
+//! the thread comes back in the child in the middle of its parent's call, which must not
+//! go on there (no guard, no renewal, no release for the parent's lock).
+
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use redlease::{Client, ErrorKind};
+
+use crate::support::{self, RedisServer};
+
+/// Forks when dropped. In the parent: records the child's pid in `child`, and when `wait`
+/// waits for the child to end (its exit status in `status`) before returning. In the
+/// child: sets `child` to -1 and returns.
+struct ForkOnDrop {
+    child: &'static AtomicI32,
+    status: &'static AtomicI32,
+    wait: bool,
+}
+
+impl Drop for ForkOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: fork; the child returns into the library's call and later _exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            self.child.store(-1, Ordering::SeqCst);
+            return;
+        }
+        self.child.store(pid, Ordering::SeqCst);
+        if self.wait {
+            let status = support::exit_status(pid, Duration::from_secs(20));
+            self.status.store(status.unwrap_or(-99), Ordering::SeqCst);
+        }
+    }
+}
+
+static HOOK_CHILD: AtomicI32 = AtomicI32::new(0);
+static HOOK_STATUS: AtomicI32 = AtomicI32::new(-100);
+
+/// The acquire's interrupt hook captures a value whose Drop forks. The hook is dropped
+/// with the acquire's `Watch` after the grant was read and before the guard is made: the
+/// child's acquire fails, and the parent keeps its lock.
+#[test]
+fn a_fork_in_the_drop_of_an_interrupt_hook_does_not_give_the_child_its_parents_lock() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let on_drop = ForkOnDrop {
+        child: &HOOK_CHILD,
+        status: &HOOK_STATUS,
+        wait: true,
+    };
+    let result = client
+        .lock("fork-drop:hook")
+        .ttl(Duration::from_secs(30))
+        .on_interrupt(move || {
+            let _ = &on_drop;
+            false
+        })
+        .try_acquire();
+    if HOOK_CHILD.load(Ordering::SeqCst) == -1 {
+        // The child: 0 when its parent's call failed there (Internal), 1 when it got a
+        // guard and released its parent's lock with it, 2 when it got a guard whose
+        // release failed, 3 for another error.
+        let code = match result {
+            Err(e) if e.kind() == ErrorKind::Internal => 0,
+            Err(_) => 3,
+            Ok(guard) => {
+                eprintln!("child: got Ok, token {}", guard.token());
+                match guard.release() {
+                    Ok(()) => 1,
+                    Err(e) => {
+                        eprintln!("child: release: {e}");
+                        2
+                    }
+                }
+            }
+        };
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) }
+    }
+    let status = HOOK_STATUS.load(Ordering::SeqCst);
+    let guard = result.expect("the parent's acquire");
+    eprintln!("parent: token {}, child status {status}", guard.token());
+    let key_after_child = server.get("fork-drop:hook");
+    let released = guard.release();
+    assert_eq!(
+        status, 0,
+        "child exit {status} (1: the child got Ok and its release deleted its parent's \
+         lock; key after the child: {key_after_child:?}; the parent's release then: \
+         {released:?})"
+    );
+    released.unwrap();
+}
+
+static RENEW_CHILD: AtomicI32 = AtomicI32::new(0);
+static RENEW_STATUS: AtomicI32 = AtomicI32::new(-100);
+
+/// As above, with renewal on: nothing in the child renews the parent's lock, which ends
+/// within its ttl once the parent abandons it (as if it had crashed).
+#[test]
+fn a_fork_in_the_drop_of_an_interrupt_hook_does_not_renew_the_parents_lock_in_the_child() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let on_drop = ForkOnDrop {
+        child: &RENEW_CHILD,
+        status: &RENEW_STATUS,
+        wait: false,
+    };
+    let result = client
+        .lock("fork-drop:renew")
+        .ttl(Duration::from_millis(600))
+        .renew(true)
+        .on_interrupt(move || {
+            let _ = &on_drop;
+            false
+        })
+        .try_acquire();
+    if RENEW_CHILD.load(Ordering::SeqCst) == -1 {
+        let code = match result {
+            Err(e) if e.kind() == ErrorKind::Internal => 0,
+            Err(_) => 3,
+            Ok(guard) => {
+                // Hold it (renewed by a thread of the child) for 4 s, then let it lapse.
+                std::thread::sleep(Duration::from_secs(4));
+                guard.abandon();
+                1
+            }
+        };
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) }
+    }
+    let child = RENEW_CHILD.load(Ordering::SeqCst);
+    let guard = result.expect("the parent's acquire");
+    let token = guard.token().to_owned();
+    // The parent lets the lock go without releasing it: it should lapse within 600 ms.
+    guard.abandon();
+    std::thread::sleep(Duration::from_secs(2));
+    let still = server.get("fork-drop:renew");
+    let pttl: i64 = server.cmd(&["PTTL", "fork-drop:renew"]);
+    let status = support::exit_status(child, Duration::from_secs(20));
+    assert!(
+        still.is_none(),
+        "2 s after the parent abandoned its 600 ms lock the key still holds {still:?} \
+         (parent's token {token:?}, pttl {pttl} ms): renewed by the child (exit {status:?})"
+    );
+    assert_eq!(status, Some(0));
+}
+
+static LOST_CHILD: AtomicI32 = AtomicI32::new(0);
+static LOST_STATUS: AtomicI32 = AtomicI32::new(-100);
+
+/// The on_lost closure captures a value whose Drop forks. A release drops the callback
+/// (`forget_on_lost`) after its process check and before it sends: the child's release
+/// fails and sends nothing, and the parent's own release succeeds.
+#[test]
+fn a_fork_in_the_drop_of_an_on_lost_callback_does_not_release_the_parents_lock_in_the_child() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let on_drop = ForkOnDrop {
+        child: &LOST_CHILD,
+        status: &LOST_STATUS,
+        wait: true,
+    };
+    let guard = client
+        .lock("fork-drop:lost")
+        .ttl(Duration::from_secs(30))
+        .on_lost(move |_| {
+            let _ = &on_drop;
+        })
+        .try_acquire()
+        .unwrap();
+    let result = guard.release();
+    if LOST_CHILD.load(Ordering::SeqCst) == -1 {
+        // 0: the child's call failed (Internal); 1: Ok (it released its parent's lock);
+        // 2: NotHeld (it sent its parent's release, too late); 3: another error.
+        let code = match &result {
+            Err(e) if e.kind() == ErrorKind::Internal => 0,
+            Ok(()) => 1,
+            Err(e) if e.kind() == ErrorKind::NotHeld => 2,
+            Err(_) => 3,
+        };
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) }
+    }
+    let status = LOST_STATUS.load(Ordering::SeqCst);
+    assert_eq!(
+        status, 0,
+        "child exit {status} (1: the child released its parent's lock); the parent's \
+         release: {result:?}"
+    );
+    result.unwrap();
+}
