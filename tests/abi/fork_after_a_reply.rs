@@ -50,6 +50,23 @@ fn disarm() {
     assert_eq!(rc, LOCK_OK);
 }
 
+/// A new client of `server` (its first request still to come), and acquire options
+/// without renewal.
+fn client_without_renewal(server: &RedisServer) -> (lock_client_t, lock_acquire_options_t) {
+    let url = CString::new(server.url()).unwrap();
+    let mut client: lock_client_t = 0;
+    // SAFETY: a NUL-terminated URL and a valid out-pointer.
+    let rc = unsafe { lock_client_open(url.as_ptr(), &mut client) };
+    assert_eq!(rc, LOCK_OK);
+    // SAFETY: all-zero bytes are a valid value of this C struct, which init then fills.
+    let mut opts: lock_acquire_options_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid struct of the size given.
+    let rc = unsafe { lock_acquire_options_init(&mut opts, std::mem::size_of_val(&opts)) };
+    assert_eq!(rc, LOCK_OK);
+    opts.renew = false;
+    (client, opts)
+}
+
 fn evicting_server() -> RedisServer {
     RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"])
 }
@@ -70,25 +87,7 @@ fn a_child_forked_after_an_adopts_reply_holds_nothing_and_releases_nothing() {
         .unwrap();
     let token = guard.token().to_owned();
 
-    let url = CString::new(server.url()).unwrap();
-    let mut client: lock_client_t = 0;
-    // SAFETY: valid arguments.
-    assert_eq!(
-        // SAFETY: valid arguments and out-pointers for the call.
-        unsafe { lock_client_open(url.as_ptr(), &mut client) },
-        LOCK_OK
-    );
-    // SAFETY: all-zero bytes are a valid value of this C struct.
-    let mut opts: lock_acquire_options_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid arguments.
-    assert_eq!(
-        // SAFETY: valid arguments and out-pointers for the call.
-        unsafe {
-            lock_acquire_options_init(&mut opts, std::mem::size_of::<lock_acquire_options_t>())
-        },
-        LOCK_OK
-    );
-    opts.renew = false;
+    let (client, opts) = client_without_renewal(&server);
     let key = c"atk:adopt";
     let ctoken = CString::new(token.clone()).unwrap();
     let mut lock: lock_t = 0;
@@ -258,24 +257,7 @@ fn a_rust_lock_set_forked_after_its_reply_fails_in_the_child() {
 fn a_child_forked_after_a_lock_sets_reply_releases_nothing() {
     let _one = one_at_a_time();
     let server = evicting_server();
-    let url = CString::new(server.url()).unwrap();
-    let mut client: lock_client_t = 0;
-    // SAFETY: valid arguments.
-    assert_eq!(
-        // SAFETY: valid arguments and out-pointers for the call.
-        unsafe { lock_client_open(url.as_ptr(), &mut client) },
-        LOCK_OK
-    );
-    // SAFETY: all-zero bytes are a valid value of this C struct.
-    let mut opts: lock_acquire_options_t = unsafe { std::mem::zeroed() };
-    assert_eq!(
-        // SAFETY: valid arguments and out-pointers for the call.
-        unsafe {
-            lock_acquire_options_init(&mut opts, std::mem::size_of::<lock_acquire_options_t>())
-        },
-        LOCK_OK
-    );
-    opts.renew = false;
+    let (client, opts) = client_without_renewal(&server);
     let names = [c"atk:cset:a".as_ptr(), c"atk:cset:b".as_ptr()];
     let mut out: [lock_t; 2] = [0; 2];
     arm();
@@ -404,23 +386,7 @@ fn a_child_forked_after_an_acquires_reply_holds_nothing() {
     let _one = one_at_a_time();
     for kind in 0..3 {
         let server = evicting_server();
-        let url = CString::new(server.url()).unwrap();
-        let mut client: lock_client_t = 0;
-        assert_eq!(
-            // SAFETY: valid arguments and out-pointers for the call.
-            unsafe { lock_client_open(url.as_ptr(), &mut client) },
-            LOCK_OK
-        );
-        // SAFETY: all-zero bytes are a valid value of this C struct.
-        let mut opts: lock_acquire_options_t = unsafe { std::mem::zeroed() };
-        assert_eq!(
-            // SAFETY: valid arguments and out-pointers for the call.
-            unsafe {
-                lock_acquire_options_init(&mut opts, std::mem::size_of::<lock_acquire_options_t>())
-            },
-            LOCK_OK
-        );
-        opts.renew = false;
+        let (client, opts) = client_without_renewal(&server);
         let name = c"atk:ctl";
         let mut lock: lock_t = 0;
         arm();
