@@ -225,11 +225,33 @@ pub(crate) fn orphaned() -> bool {
 /// failed is its own.
 pub(crate) struct ApiCall {
     outermost: bool,
+    /// The thread's bookkeeping of its parent's call (depth, generation, mark), when this
+    /// is a child's own call made from inside it (see [`ApiCall::enter`]): put back at the
+    /// end, so that the parent's call stays failed in the child.
+    saved: Option<(u32, u64, bool)>,
 }
 
 impl ApiCall {
     /// Enters a call (see [`ApiCall`]).
     pub(crate) fn enter() -> ApiCall {
+        let started = CALL_GENERATION
+            .try_with(std::cell::Cell::get)
+            .unwrap_or(NO_CALL);
+        if started != NO_CALL && started != generation() {
+            // A child forked inside caller code of its parent's call (a callback, a
+            // closure's drop), calling the library before it returns there (or instead
+            // of returning: a worker run and ended in the callback): its own call.
+            let saved = (
+                DEPTH.try_with(|d| d.replace(1)).unwrap_or(1),
+                started,
+                ORPHANED.try_with(|o| o.replace(false)).unwrap_or(false),
+            );
+            let _ = CALL_GENERATION.try_with(|g| g.set(generation()));
+            return ApiCall {
+                outermost: true,
+                saved: Some(saved),
+            };
+        }
         let depth = DEPTH
             .try_with(|d| d.replace(d.get().saturating_add(1)))
             .unwrap_or(1);
@@ -239,6 +261,7 @@ impl ApiCall {
         }
         ApiCall {
             outermost: depth == 0,
+            saved: None,
         }
     }
 
@@ -266,6 +289,12 @@ pub(crate) fn api_call<T>(
 
 impl Drop for ApiCall {
     fn drop(&mut self) {
+        if let Some((depth, started, orphaned)) = self.saved {
+            let _ = DEPTH.try_with(|d| d.set(depth));
+            let _ = CALL_GENERATION.try_with(|g| g.set(started));
+            let _ = ORPHANED.try_with(|o| o.set(orphaned));
+            return;
+        }
         let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
         if self.outermost {
             let _ = ORPHANED.try_with(|o| o.set(false));

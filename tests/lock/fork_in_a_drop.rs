@@ -192,3 +192,104 @@ fn a_fork_in_the_drop_of_an_on_lost_callback_does_not_release_the_parents_lock_i
     );
     result.unwrap();
 }
+
+/// How a child's own work (a client of its own, a lock of its own) ended, as an exit code:
+/// 0 done, 1 `Internal` (taken for its parent's call), 2 another error.
+fn own_work(url: &str, name: &str) -> i32 {
+    let done = Client::open(url).and_then(|c| {
+        c.lock(name)
+            .ttl(Duration::from_secs(5))
+            .try_acquire()
+            .and_then(|g| g.release())
+    });
+    match done {
+        Ok(()) => 0,
+        Err(e) if e.kind() == ErrorKind::Internal => 1,
+        Err(_) => 2,
+    }
+}
+
+static OWN_WORK_IN_DROP: AtomicI32 = AtomicI32::new(-100);
+
+/// Forks when dropped; the child does its own work with the library there and exits (it
+/// never returns into the call that dropped this); the parent waits for it.
+struct ForkAndWorkOnDrop(String);
+
+impl Drop for ForkAndWorkOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: fork; the child only uses the library and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = own_work(&self.0, "fork-in-a-drop:own");
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(code) }
+        }
+        let status = support::exit_status(pid, Duration::from_secs(20));
+        OWN_WORK_IN_DROP.store(status.unwrap_or(-99), Ordering::SeqCst);
+    }
+}
+
+/// A child forked in the `Drop` of a closure the library drops during an acquire, which
+/// does its own work there and exits without returning into its parent's call: its own
+/// calls are its own, not failed as its parent's.
+#[test]
+fn a_child_forked_in_a_drop_can_use_the_library_before_it_exits() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let on_drop = ForkAndWorkOnDrop(server.url());
+    let guard = client
+        .lock("fork-in-a-drop:parent")
+        .on_interrupt(move || {
+            let _ = &on_drop;
+            false
+        })
+        .try_acquire()
+        .unwrap();
+    guard.release().unwrap();
+    let status = OWN_WORK_IN_DROP.load(Ordering::SeqCst);
+    assert_eq!(
+        status, 0,
+        "the child's own work: 1: Internal, 2: another error"
+    );
+}
+
+static OWN_WORK_IN_HOOK: AtomicI32 = AtomicI32::new(-100);
+
+/// The same from an interrupt hook during a wait (as a Python signal handler that starts
+/// a multiprocessing worker would): the child's own work succeeds.
+#[test]
+fn a_child_forked_in_an_interrupt_hook_can_use_the_library_before_it_exits() {
+    let server = RedisServer::start();
+    let held = Client::open(&server.url())
+        .unwrap()
+        .lock("fork-in-a-hook:parent")
+        .try_acquire()
+        .unwrap();
+    let client = Client::open(&server.url()).unwrap();
+    let url = server.url();
+    let forked = std::sync::atomic::AtomicBool::new(false);
+    let waited = client
+        .lock("fork-in-a-hook:parent")
+        .on_interrupt(move || {
+            if !forked.swap(true, Ordering::SeqCst) {
+                // SAFETY: fork; the child only uses the library and exits.
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    let code = own_work(&url, "fork-in-a-hook:own");
+                    // SAFETY: ends the child at once.
+                    unsafe { libc::_exit(code) }
+                }
+                let status = support::exit_status(pid, Duration::from_secs(20));
+                OWN_WORK_IN_HOOK.store(status.unwrap_or(-99), Ordering::SeqCst);
+            }
+            false
+        })
+        .acquire_timeout(Duration::from_secs(1));
+    assert_eq!(waited.map(drop).unwrap_err().kind(), ErrorKind::Busy);
+    drop(held);
+    let status = OWN_WORK_IN_HOOK.load(Ordering::SeqCst);
+    assert_eq!(
+        status, 0,
+        "the child's own work: 1: Internal, 2: another error"
+    );
+}
