@@ -303,13 +303,14 @@ impl Drop for ApiCall {
     }
 }
 
-/// The error of a call [`orphaned`] by a fork inside one of its callbacks.
+/// The error of a call [`orphaned`] by a fork during it (in a callback or a drop).
 pub(crate) fn orphaned_error() -> crate::error::Error {
     crate::error::Error::new(
         crate::error::ErrorKind::Internal,
-        "the process forked inside a callback of this call (a log callback, lost-lock \
-         handler or interrupt hook): the child cannot carry on its parent's call, and \
-         sent nothing for it",
+        "the process forked during this call (in a log callback, lost-lock handler or \
+         interrupt hook, or in the drop of a closure given to the library): the child \
+         cannot carry on its parent's call, and sent nothing for it; its own next call \
+         works",
     )
 }
 

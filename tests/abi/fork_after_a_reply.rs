@@ -80,7 +80,7 @@ fn a_child_forked_after_an_adopts_reply_holds_nothing_and_releases_nothing() {
     let server = evicting_server();
     let holder = redlease::Client::open(&server.url()).unwrap();
     let guard = holder
-        .lock("atk:adopt")
+        .lock("fork-after-reply:adopt")
         .renew(false)
         .ttl(Duration::from_secs(60))
         .try_acquire()
@@ -88,7 +88,7 @@ fn a_child_forked_after_an_adopts_reply_holds_nothing_and_releases_nothing() {
     let token = guard.token().to_owned();
 
     let (client, opts) = client_without_renewal(&server);
-    let key = c"atk:adopt";
+    let key = c"fork-after-reply:adopt";
     let ctoken = CString::new(token.clone()).unwrap();
     let mut lock: lock_t = 0;
     arm();
@@ -120,7 +120,7 @@ fn a_child_forked_after_an_adopts_reply_holds_nothing_and_releases_nothing() {
     assert!(child > 0, "no policy warning: the callback never forked");
     assert_eq!(rc, LOCK_OK, "the parent's adopt");
     let status = exit_status(child, Duration::from_secs(10));
-    let key_now = server.get("atk:adopt");
+    let key_now = server.get("fork-after-reply:adopt");
     eprintln!(
         "PARENT: child status {status:?}; key now {key_now:?} (token {token}); parent guard is_held {}",
         guard.is_held()
@@ -144,7 +144,7 @@ fn a_rust_adopt_forked_after_its_reply_fails_in_the_child() {
     let server = evicting_server();
     let holder = redlease::Client::open(&server.url()).unwrap();
     let guard = holder
-        .lock("atk:radopt")
+        .lock("fork-after-reply:radopt")
         .renew(false)
         .ttl(Duration::from_secs(60))
         .try_acquire()
@@ -153,7 +153,7 @@ fn a_rust_adopt_forked_after_its_reply_fails_in_the_child() {
     let fresh = redlease::Client::open(&server.url()).unwrap();
     arm();
     let adopted = fresh
-        .lock("atk:radopt")
+        .lock("fork-after-reply:radopt")
         .renew(false)
         .ttl(Duration::from_secs(60))
         .adopt(&token);
@@ -179,10 +179,10 @@ fn a_rust_adopt_forked_after_its_reply_fails_in_the_child() {
     assert!(child > 0, "no policy warning: the callback never forked");
     let adopted = adopted.expect("the parent's adopt");
     let status = exit_status(child, Duration::from_secs(10));
-    let key_now = server.get("atk:radopt");
+    let key_now = server.get("fork-after-reply:radopt");
     eprintln!(
         "PARENT: child status {status:?}; key now {key_now:?}; pttl {}",
-        server.pttl("atk:radopt")
+        server.pttl("fork-after-reply:radopt")
     );
     assert_eq!(
         status,
@@ -208,7 +208,7 @@ fn a_rust_lock_set_forked_after_its_reply_fails_in_the_child() {
     let fresh = redlease::Client::open(&server.url()).unwrap();
     arm();
     let set = fresh
-        .lock_all(&["atk:set:a", "atk:set:b"])
+        .lock_all(&["fork-after-reply:set:a", "fork-after-reply:set:b"])
         .renew(false)
         .ttl(Duration::from_secs(60))
         .try_acquire();
@@ -233,7 +233,10 @@ fn a_rust_lock_set_forked_after_its_reply_fails_in_the_child() {
     assert!(child > 0, "no policy warning: the callback never forked");
     let set = set.expect("the parent's lock_all");
     let status = exit_status(child, Duration::from_secs(10));
-    let (a, b) = (server.get("atk:set:a"), server.get("atk:set:b"));
+    let (a, b) = (
+        server.get("fork-after-reply:set:a"),
+        server.get("fork-after-reply:set:b"),
+    );
     eprintln!(
         "PARENT: child status {status:?}; keys now {a:?} {b:?}; parent is_held {}",
         set.is_held()
@@ -258,7 +261,10 @@ fn a_child_forked_after_a_lock_sets_reply_releases_nothing() {
     let _one = one_at_a_time();
     let server = evicting_server();
     let (client, opts) = client_without_renewal(&server);
-    let names = [c"atk:cset:a".as_ptr(), c"atk:cset:b".as_ptr()];
+    let names = [
+        c"fork-after-reply:cset:a".as_ptr(),
+        c"fork-after-reply:cset:b".as_ptr(),
+    ];
     let mut out: [lock_t; 2] = [0; 2];
     arm();
     // SAFETY: valid arguments.
@@ -290,7 +296,10 @@ fn a_child_forked_after_a_lock_sets_reply_releases_nothing() {
     assert!(child > 0, "no policy warning: the callback never forked");
     assert_eq!(rc, LOCK_OK, "the parent's lock_acquire_all");
     let status = exit_status(child, Duration::from_secs(10));
-    let (a, b) = (server.get("atk:cset:a"), server.get("atk:cset:b"));
+    let (a, b) = (
+        server.get("fork-after-reply:cset:a"),
+        server.get("fork-after-reply:cset:b"),
+    );
     eprintln!("PARENT: child status {status:?}; keys now {a:?} {b:?}");
     assert!(
         a.is_some() && b.is_some(),
@@ -310,7 +319,7 @@ fn a_fork_in_a_lock_sets_on_lost_fails_the_call_in_the_child() {
     let opts = redlease::ClientOptions::default();
     let other = redlease::Client::redlock(&[&url], opts.clone()).unwrap();
     let blocker = other
-        .lock("atk:ml:b")
+        .lock("fork-after-reply:ml:b")
         .ttl(Duration::from_secs(30))
         .try_acquire()
         .unwrap();
@@ -320,7 +329,7 @@ fn a_fork_in_a_lock_sets_on_lost_fails_the_call_in_the_child() {
             let client =
                 redlease::Client::redlock(&[&url], redlease::ClientOptions::default()).unwrap();
             let result = client
-                .lock_all(&["atk:ml:a", "atk:ml:b"])
+                .lock_all(&["fork-after-reply:ml:a", "fork-after-reply:ml:b"])
                 .ttl(Duration::from_millis(1500))
                 .on_lost(|name, reason| {
                     if ON_LOST_CHILD.load(Ordering::SeqCst) == 0 {
@@ -353,9 +362,9 @@ fn a_fork_in_a_lock_sets_on_lost_fails_the_call_in_the_child() {
         })
     };
     assert!(crate::support::eventually(Duration::from_secs(5), || {
-        server.get("atk:ml:a").is_some()
+        server.get("fork-after-reply:ml:a").is_some()
     }));
-    let _: i64 = server.cmd(&["DEL", "atk:ml:a"]);
+    let _: i64 = server.cmd(&["DEL", "fork-after-reply:ml:a"]);
     std::thread::sleep(Duration::from_millis(1500));
     blocker.release().unwrap();
     assert!(
@@ -387,7 +396,7 @@ fn a_child_forked_after_an_acquires_reply_holds_nothing() {
     for kind in 0..3 {
         let server = evicting_server();
         let (client, opts) = client_without_renewal(&server);
-        let name = c"atk:ctl";
+        let name = c"fork-after-reply:ctl";
         let mut lock: lock_t = 0;
         arm();
         // SAFETY: valid arguments and out-pointers for the call.
@@ -460,7 +469,7 @@ fn a_child_forked_while_other_threads_use_the_pool_does_not_hang() {
                         std::hint::spin_loop();
                     }
                     while !stop.load(Ordering::Relaxed) {
-                        let _ = client.is_locked("atk:hot");
+                        let _ = client.is_locked("fork-after-reply:hot");
                     }
                 })
             })
@@ -468,7 +477,7 @@ fn a_child_forked_while_other_threads_use_the_pool_does_not_hang() {
         HOT_GO.store(false, Ordering::SeqCst);
         arm_hot();
         // SAFETY: ping through the C ABI is not reachable with a Rust client; use is_locked.
-        let r = client.is_locked("atk:main");
+        let r = client.is_locked("fork-after-reply:main");
         if CHILD.load(Ordering::SeqCst) == -1 {
             // SAFETY: ends the child.
             unsafe { libc::_exit(if r.is_err() { 0 } else { 1 }) }
