@@ -459,7 +459,7 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
                     return Some(on_grid(due, coalescing(ttl)));
                 }
                 let worker = me.clone();
-                let poke = Box::new(move || worker.reschedule(job, Instant::now()));
+                let poke = move || worker.reschedule(job, Instant::now());
                 match lease.submit_renewal(ticket, poke) {
                     Ok(()) => {
                         let next = on_grid(now + ttl / 3 + BATCH_SLACK, coalescing(ttl));

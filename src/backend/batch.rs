@@ -61,7 +61,8 @@ struct Queue {
     running: bool,
     /// The node is gone: the thread exits.
     closed: bool,
-    /// The thread sleeps waiting for work (a wake-up is a system call: made only then).
+    /// The thread sleeps waiting for work and nobody has woken it yet (a wake-up is a
+    /// system call: made only then, by the first submitter).
     sleeping: bool,
 }
 
@@ -135,7 +136,9 @@ impl Batcher {
             }
             return Ok(id);
         }
-        let wake = queue.sleeping;
+        // One wake-up per sleep: the submitters that come before the thread has the queue
+        // again (thousands, when many renewals fall due together) need not make one each.
+        let wake = std::mem::replace(&mut queue.sleeping, false);
         drop(queue);
         if wake {
             batcher.work.notify_one();

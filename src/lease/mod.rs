@@ -433,7 +433,7 @@ impl Lease {
     pub fn submit_renewal(
         self: &Arc<Self>,
         ticket: OwnedGateTicket,
-        on_trouble: Box<dyn FnOnce() + Send>,
+        on_trouble: impl FnOnce() + Send + 'static,
     ) -> Result<()> {
         let attempt_at = Instant::now();
         let (ttl, deadline) = {

@@ -91,7 +91,7 @@ fn other_lock(batcher: &Arc<Batcher>, conduit: Arc<dyn Conduit>, completed: Arc<
 /// without waiting, the extend handed to the batcher holding the ticket.
 fn batched_renewal(lease: &Arc<Lease>) {
     if let Ok(Some(ticket)) = lease.try_gate_owned() {
-        let submitted = lease.submit_renewal(ticket, Box::new(|| {}));
+        let submitted = lease.submit_renewal(ticket, || {});
         assert!(
             submitted.is_ok(),
             "the renewal was not handed to the batcher"
