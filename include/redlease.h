@@ -24,6 +24,8 @@
  * - A signal never ends a call: an interrupted wait resumes with the time left. A blocked
  *   acquire ends early only when cancelled on purpose (lock_cancel, lock_cancel_all, or
  *   an on_interrupt callback that asks for it), with LOCK_CANCELLED and nothing held.
+ *   The library's own threads block every signal but those of a fault: the program's
+ *   handlers run on its own threads only.
  * - After fork(), a child must not use locks acquired by its parent: they report
  *   LOCK_NOT_HELD and nothing is sent (also in a child made by _Fork() or a raw clone,
  *   and while other threads of the parent were inside the library at the fork, also in
@@ -34,7 +36,10 @@
  *   and returns in the child does not carry its parent's call on there: the call sends
  *   nothing more and fails with LOCK_ERR_INTERNAL, and a renewal thread ends. Do not
  *   fork() from a signal handler (POSIX no longer counts it async-signal-safe; the fork
- *   handlers may wait for a lock the interrupted thread holds); _Fork() is safe there.
+ *   handlers may wait for a lock the interrupted thread holds). A _Fork() child made in a
+ *   signal handler must exec or _exit there: returned into a call of the library that
+ *   the signal interrupted, it carries that call on as its parent's. Fork in an
+ *   on_interrupt callback instead: that fork is seen.
  * - The library's diagnostics (renewal retries, lost locks, server warnings) go nowhere
  *   until lock_set_log_callback gives them a destination.
  *

@@ -211,13 +211,15 @@ pub(crate) fn give_back_in_background(
     };
     let me = Process::current();
     withdrawals().started(me);
-    let spawned = std::thread::Builder::new()
-        .name("redlease-giveback".into())
-        .stack_size(128 * 1024)
-        .spawn(move || {
-            let _counted = Counted(me);
-            give_back();
-        });
+    let spawned = crate::process::spawn_without_signals(|| {
+        std::thread::Builder::new()
+            .name("redlease-giveback".into())
+            .stack_size(128 * 1024)
+            .spawn(move || {
+                let _counted = Counted(me);
+                give_back();
+            })
+    });
     if let Err(e) = spawned {
         withdrawals().ended(me);
         log::debug!("no thread for a background withdrawal ({e}); it lapses after its lease");

@@ -269,18 +269,20 @@ fn resolve(host: &str, port: u16, deadline: Instant) -> Result<Vec<SocketAddr>> 
     }
     let (tx, rx) = crossbeam_channel::bounded(1);
     let name = host.to_owned();
-    std::thread::Builder::new()
-        .name("redlease-dns".into())
-        .stack_size(64 * 1024)
-        .spawn(move || {
-            let _ = tx.send((name.as_str(), port).to_socket_addrs().map(Vec::from_iter));
-        })
-        .map_err(|e| {
-            Error::new(
-                ErrorKind::Internal,
-                format!("cannot start a DNS thread: {e}"),
-            )
-        })?;
+    crate::process::spawn_without_signals(|| {
+        std::thread::Builder::new()
+            .name("redlease-dns".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let _ = tx.send((name.as_str(), port).to_socket_addrs().map(Vec::from_iter));
+            })
+    })
+    .map_err(|e| {
+        Error::new(
+            ErrorKind::Internal,
+            format!("cannot start a DNS thread: {e}"),
+        )
+    })?;
     match rx.recv_deadline(deadline) {
         Ok(Ok(addrs)) => Ok(addrs),
         Ok(Err(e)) => Err(

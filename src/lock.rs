@@ -88,7 +88,8 @@ impl<'a> LockBuilder<'a> {
 
     /// A function called once if the lock is lost, on the renewal thread.
     pub fn on_lost(mut self, callback: impl Fn(LostReason) + Send + Sync + 'static) -> Self {
-        self.on_lost = Some(Arc::new(callback));
+        let callback = crate::process::CallerCode::new(callback);
+        self.on_lost = Some(Arc::new(move |reason| (*callback)(reason)));
         self
     }
 
@@ -103,7 +104,8 @@ impl<'a> LockBuilder<'a> {
     /// least every 200 ms while it blocks); returning `true` cancels the acquire
     /// ([`ErrorKind::Cancelled`]). Without it, an interrupted wait simply resumes.
     pub fn on_interrupt(mut self, hook: impl Fn() -> bool + Send + Sync + 'static) -> Self {
-        self.on_interrupt = Some(Arc::new(hook));
+        let hook = crate::process::CallerCode::new(hook);
+        self.on_interrupt = Some(Arc::new(move || (*hook)()));
         self
     }
 

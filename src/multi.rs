@@ -97,7 +97,10 @@ impl<'a> MultiLockBuilder<'a> {
     /// caller's thread before the acquire returns. A name lost and taken again while the
     /// caller waited is no loss of the lock.
     pub fn on_lost(mut self, callback: impl Fn(&str, LostReason) + Send + Sync + 'static) -> Self {
-        self.on_lost = Some(Arc::new(callback));
+        let callback = crate::process::CallerCode::new(callback);
+        self.on_lost = Some(Arc::new(move |name: &str, reason| {
+            (*callback)(name, reason)
+        }));
         self
     }
 

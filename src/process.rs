@@ -186,23 +186,63 @@ thread_local! {
     /// ([`NO_CALL`] outside any): a fork with the fork handlers anywhere inside the call
     /// (in a callback, or in the `Drop` of a closure the caller gave) changes it.
     static CALL_GENERATION: std::cell::Cell<u64> = const { std::cell::Cell::new(NO_CALL) };
+    /// How many pieces of caller code (see [`call_out`]) this thread is inside, within its
+    /// current call: only there can a child forked meanwhile make calls of its own.
+    static IN_CALLER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// [`CALL_GENERATION`] outside any call.
 const NO_CALL: u64 = u64::MAX;
 
 /// Runs `callback` (caller code: a log callback, a lost-lock handler, an interrupt hook,
-/// a `user_data_free`) and notes, on this thread, when it returns in a child forked
-/// inside it: from then on [`orphaned`] is true here until the outermost [`ApiCall`] of
-/// the thread ends, and that call (its parent's) sends nothing more. Two system calls
-/// (`getpid` before and after).
+/// a `user_data_free`, the drop of a closure given to the library: see [`CallerCode`])
+/// and notes, on this thread, when it returns in a child forked inside it: from then on
+/// [`orphaned`] is true here until the outermost [`ApiCall`] of the thread ends, and that
+/// call (its parent's) sends nothing more. Inside `callback`, a child's calls are its own
+/// (see [`ApiCall::enter`]). Two system calls (`getpid` before and after).
 pub(crate) fn call_out<R>(callback: impl FnOnce() -> R) -> R {
+    /// Counts the caller code on the thread's stack, also when it unwinds.
+    struct Inside;
+    impl Drop for Inside {
+        fn drop(&mut self) {
+            let _ = IN_CALLER.try_with(|n| n.set(n.get().saturating_sub(1)));
+        }
+    }
     let before = std::process::id();
+    let inside = IN_CALLER
+        .try_with(|n| n.set(n.get().saturating_add(1)))
+        .map(|()| Inside);
     let result = callback();
+    drop(inside);
     if std::process::id() != before {
         let _ = ORPHANED.try_with(|o| o.set(true));
     }
     result
+}
+
+/// A closure (or other value) the caller gave the library, dropped as caller code: its
+/// drop runs inside [`call_out`], so that a fork there (also `_Fork()`) is seen like one
+/// in a callback. Derefs to the value.
+pub(crate) struct CallerCode<F: ?Sized>(std::mem::ManuallyDrop<F>);
+
+impl<F> CallerCode<F> {
+    pub(crate) fn new(value: F) -> Self {
+        CallerCode(std::mem::ManuallyDrop::new(value))
+    }
+}
+
+impl<F: ?Sized> std::ops::Deref for CallerCode<F> {
+    type Target = F;
+    fn deref(&self) -> &F {
+        &self.0
+    }
+}
+
+impl<F: ?Sized> Drop for CallerCode<F> {
+    fn drop(&mut self) {
+        // SAFETY: the value is dropped once, here, and never used after.
+        call_out(|| unsafe { std::mem::ManuallyDrop::drop(&mut self.0) });
+    }
 }
 
 /// Whether this thread is in a child forked during the call it is in: a callback returned
@@ -225,26 +265,32 @@ pub(crate) fn orphaned() -> bool {
 /// failed is its own.
 pub(crate) struct ApiCall {
     outermost: bool,
-    /// The thread's bookkeeping of its parent's call (depth, generation, mark), when this
-    /// is a child's own call made from inside it (see [`ApiCall::enter`]): put back at the
-    /// end, so that the parent's call stays failed in the child.
-    saved: Option<(u32, u64, bool)>,
+    /// The thread's bookkeeping of its parent's call (depth, generation, mark, caller
+    /// code), when this is a child's own call made from inside it (see
+    /// [`ApiCall::enter`]): put back at the end, so that the parent's call stays failed in
+    /// the child.
+    saved: Option<(u32, u64, bool, u32)>,
 }
 
 impl ApiCall {
     /// Enters a call (see [`ApiCall`]).
+    ///
+    /// A call entered in a child forked during its parent's call is the child's own only
+    /// while the caller code the fork happened in still runs (see [`call_out`]): a worker
+    /// started in a callback, before it returns there. Once that code has returned, what
+    /// the thread enters is its parent's call going on (a lock set taking its next name):
+    /// nested in it, and failed with it.
     pub(crate) fn enter() -> ApiCall {
         let started = CALL_GENERATION
             .try_with(std::cell::Cell::get)
             .unwrap_or(NO_CALL);
-        if started != NO_CALL && started != generation() {
-            // A child forked inside caller code of its parent's call (a callback, a
-            // closure's drop), calling the library before it returns there (or instead
-            // of returning: a worker run and ended in the callback): its own call.
+        let in_caller = IN_CALLER.try_with(std::cell::Cell::get).unwrap_or(0);
+        if started != NO_CALL && started != generation() && in_caller > 0 {
             let saved = (
                 DEPTH.try_with(|d| d.replace(1)).unwrap_or(1),
                 started,
                 ORPHANED.try_with(|o| o.replace(false)).unwrap_or(false),
+                IN_CALLER.try_with(|n| n.replace(0)).unwrap_or(0),
             );
             let _ = CALL_GENERATION.try_with(|g| g.set(generation()));
             return ApiCall {
@@ -289,10 +335,11 @@ pub(crate) fn api_call<T>(
 
 impl Drop for ApiCall {
     fn drop(&mut self) {
-        if let Some((depth, started, orphaned)) = self.saved {
+        if let Some((depth, started, orphaned, in_caller)) = self.saved {
             let _ = DEPTH.try_with(|d| d.set(depth));
             let _ = CALL_GENERATION.try_with(|g| g.set(started));
             let _ = ORPHANED.try_with(|o| o.set(orphaned));
+            let _ = IN_CALLER.try_with(|n| n.set(in_caller));
             return;
         }
         let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
@@ -300,6 +347,39 @@ impl Drop for ApiCall {
             let _ = ORPHANED.try_with(|o| o.set(false));
             let _ = CALL_GENERATION.try_with(|g| g.set(NO_CALL));
         }
+    }
+}
+
+/// Runs `spawn` (which starts a thread of the library) with every asynchronous signal
+/// blocked on the calling thread, so that the new thread starts, and stays, with them
+/// blocked: the program's signal handlers never run on the library's threads (where a
+/// handler that forked, or that longjmp'd, would go on with a renewal in a child), and
+/// a signal for the process goes to a thread of the program. Signals raised by a fault
+/// (`SIGSEGV`, `SIGBUS`, `SIGFPE`, `SIGILL`, `SIGTRAP`, `SIGSYS`) stay unblocked. The
+/// caller's mask is back when this returns; a signal that came meanwhile is delivered then.
+pub(crate) fn spawn_without_signals<R>(spawn: impl FnOnce() -> R) -> R {
+    // SAFETY: sigset_t is plain data that sigfillset/sigdelset initialise; pthread_sigmask
+    // reads `all` and writes `old`, both valid for the call.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        for fault in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGTRAP,
+            libc::SIGSYS,
+        ] {
+            libc::sigdelset(&mut all, fault);
+        }
+        let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0;
+        let result = spawn();
+        if blocked {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        }
+        result
     }
 }
 
@@ -321,6 +401,31 @@ mod tests {
     /// What `call_out` does when the callback returned in a forked child.
     fn mark() {
         ORPHANED.with(|o| o.set(true));
+    }
+
+    #[test]
+    fn a_closure_given_to_the_library_is_dropped_as_caller_code() {
+        struct Probe(std::sync::Arc<std::sync::atomic::AtomicU32>);
+        impl Drop for Probe {
+            fn drop(&mut self) {
+                let inside = IN_CALLER.with(std::cell::Cell::get);
+                self.0.store(inside + 1, Ordering::SeqCst);
+            }
+        }
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let probe = Probe(seen.clone());
+        let code = CallerCode::new(move || {
+            let _ = &probe;
+        });
+        (*code)();
+        assert_eq!(seen.load(Ordering::SeqCst), 0, "dropped early");
+        drop(code);
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            2,
+            "the drop ran outside call_out (or not at all)"
+        );
+        assert_eq!(IN_CALLER.with(std::cell::Cell::get), 0);
     }
 
     #[test]

@@ -290,19 +290,21 @@ fn spawn(job: Job, process: Process) -> Result<Arc<Worker>> {
         process,
     });
     let me = worker.clone();
-    thread::Builder::new()
-        .name("redlease-renew".into())
-        .stack_size(128 * 1024)
-        .spawn(move || work(&me))
-        .map_err(|e| {
-            Error::new(
-                ErrorKind::Internal,
-                format!(
-                    "cannot start a renewal thread (each renewed lock has one; see the \
+    process::spawn_without_signals(|| {
+        thread::Builder::new()
+            .name("redlease-renew".into())
+            .stack_size(128 * 1024)
+            .spawn(move || work(&me))
+    })
+    .map_err(|e| {
+        Error::new(
+            ErrorKind::Internal,
+            format!(
+                "cannot start a renewal thread (each renewed lock has one; see the \
                      process's thread limits: ulimit -u, /proc/sys/kernel/threads-max): {e}"
-                ),
-            )
-        })?;
+            ),
+        )
+    })?;
     Ok(worker)
 }
 

@@ -111,10 +111,12 @@ impl Batcher {
             queue.running = true;
             drop(queue);
             let thread_batcher = batcher.clone();
-            let started = thread::Builder::new()
-                .name("redlease-batch".into())
-                .stack_size(128 * 1024)
-                .spawn(move || serve(&thread_batcher, conduit, io));
+            let started = crate::process::spawn_without_signals(|| {
+                thread::Builder::new()
+                    .name("redlease-batch".into())
+                    .stack_size(128 * 1024)
+                    .spawn(move || serve(&thread_batcher, conduit, io))
+            });
             if let Err(e) = started {
                 let failed = Error::new(
                     ErrorKind::Internal,

@@ -110,10 +110,12 @@ fn checkout_all<'a>(nodes: &'a [Result<Arc<Node>>], how: &Exec<'_>) -> Vec<Resul
             .map(|node| {
                 let connects = node.as_ref().is_ok_and(|n| !n.has_idle(how.lane));
                 let thread = connects.then(|| {
-                    std::thread::Builder::new()
-                        .name("redlease-connect".into())
-                        .stack_size(128 * 1024)
-                        .spawn_scoped(scope, move || take(node))
+                    crate::process::spawn_without_signals(|| {
+                        std::thread::Builder::new()
+                            .name("redlease-connect".into())
+                            .stack_size(128 * 1024)
+                            .spawn_scoped(scope, move || take(node))
+                    })
                 });
                 match thread {
                     Some(Ok(thread)) => Err(thread),

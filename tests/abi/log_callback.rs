@@ -421,6 +421,156 @@ fn a_child_forked_in_the_log_callback_does_not_finish_its_parents_acquire() {
     lock_client_close(client);
 }
 
+/// The server whose commands [`fork_and_wait_at_restart`] counts (set by the test using it).
+static COUNTED_SERVER: Mutex<Option<std::sync::Arc<crate::support::RedisServer>>> =
+    Mutex::new(None);
+/// Commands the server ran while the parent waited, inside the callback, for its child.
+static RUN_BY_THE_CHILD: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
+static RESTART_CHILD_STATUS: AtomicI32 = AtomicI32::new(-100);
+
+fn counted_commands() -> u64 {
+    COUNTED_SERVER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+        .expect("the counted server")
+        .commands_run()
+}
+
+/// On [`FORKING_THREAD`], at the first record of a lock set starting again: forks; the
+/// child returns into the library, and the parent waits inside the callback until the
+/// child has ended, counting the commands the server ran meanwhile (all the child's).
+unsafe extern "C" fn fork_and_wait_at_restart(
+    _: i32,
+    _: *const c_char,
+    msg: *const c_char,
+    _: *mut c_void,
+) {
+    // SAFETY: pthread_self has no preconditions.
+    let me = unsafe { libc::pthread_self() } as u64;
+    if me != FORKING_THREAD.load(Ordering::SeqCst)
+        || !message_of(msg).contains("lock_all starts again")
+        || FORKED_CHILD.load(Ordering::SeqCst) != 0
+    {
+        return;
+    }
+    let before = counted_commands();
+    // SAFETY: fork; the child comes back out of the callback into the library.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        FORKED_CHILD.store(-1, Ordering::SeqCst);
+        return;
+    }
+    FORKED_CHILD.store(pid, Ordering::SeqCst);
+    let status = exit_status(pid, Duration::from_secs(20));
+    RESTART_CHILD_STATUS.store(status.unwrap_or(-99), Ordering::SeqCst);
+    RUN_BY_THE_CHILD.store((counted_commands() - before) as i64, Ordering::SeqCst);
+}
+
+/// A log callback that forks when a Redlock lock set gives its names back to start again
+/// (a name was held elsewhere): the child comes back into its parent's `lock_acquire_all`,
+/// whose next round takes the names with nested acquires. The child must send nothing
+/// for it, fail it, and get no handle (a nested acquire entered after the callback
+/// returned is its parent's call going on, not a call of the child's own).
+#[test]
+fn a_child_forked_in_the_log_callback_does_not_go_on_with_its_parents_lock_set() {
+    let _one = one_at_a_time();
+    let server = std::sync::Arc::new(crate::support::RedisServer::start());
+    *COUNTED_SERVER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(server.clone());
+    RUN_BY_THE_CHILD.store(-1, Ordering::SeqCst);
+    let url = std::ffi::CString::new(server.url()).unwrap();
+    let urls = [url.as_ptr()];
+    let (mut redlock, mut plain): (lock_client_t, lock_client_t) = (0, 0);
+    // SAFETY: valid arguments and out-pointers.
+    let rc = unsafe { lock_client_open_redlock(urls.as_ptr(), 1, std::ptr::null(), &mut redlock) };
+    assert_eq!(rc, LOCK_OK);
+    // SAFETY: valid arguments and out-pointers.
+    let rc = unsafe { lock_client_open(url.as_ptr(), &mut plain) };
+    assert_eq!(rc, LOCK_OK);
+    // SAFETY: all-zero bytes are a valid value of this C struct, which init then fills.
+    let mut opts: lock_acquire_options_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid struct of the size given.
+    let rc = unsafe { lock_acquire_options_init(&mut opts, std::mem::size_of_val(&opts)) };
+    assert_eq!(rc, LOCK_OK);
+    opts.renew = false;
+    // Another owner holds the second name for 400 ms: the set gives the first back and
+    // starts again.
+    let (a, b) = (c"fork-in-log:set:a", c"fork-in-log:set:b");
+    let mut other: lock_t = 0;
+    // SAFETY: valid arguments and out-pointers.
+    let rc = unsafe { lock_acquire_opts(plain, b.as_ptr(), 400, 0, &opts, &mut other) };
+    assert_eq!(rc, LOCK_OK);
+
+    // SAFETY: pthread_self has no preconditions.
+    FORKING_THREAD.store(unsafe { libc::pthread_self() } as u64, Ordering::SeqCst);
+    FORKED_CHILD.store(0, Ordering::SeqCst);
+    // SAFETY: the callback is callable from any thread and uses no user_data.
+    let rc = unsafe {
+        lock_set_log_callback(
+            LOCK_LOG_DEBUG,
+            Some(fork_and_wait_at_restart),
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, LOCK_OK);
+    let names = [a.as_ptr(), b.as_ptr()];
+    let mut out: [lock_t; 2] = [0; 2];
+    // SAFETY: valid arguments and out-pointers.
+    let rc = unsafe {
+        lock_acquire_all(
+            redlock,
+            names.as_ptr(),
+            2,
+            100,
+            5_000,
+            &opts,
+            out.as_mut_ptr(),
+        )
+    };
+    if FORKED_CHILD.load(Ordering::SeqCst) == -1 {
+        // The child: 0 when its parent's call failed here with no handle, 1 when it
+        // returned another status, 2 when it failed but left a live handle.
+        let live = out.iter().any(|&lock| {
+            let mut held = false;
+            // SAFETY: any handle value is accepted; `held` is writable.
+            unsafe { lock_is_held(lock, &mut held) == LOCK_OK && held }
+        });
+        let code = match (rc, live) {
+            (LOCK_ERR_INTERNAL, false) => 0,
+            (LOCK_ERR_INTERNAL, true) => 2,
+            _ => 1,
+        };
+        eprintln!("CHILD: lock_acquire_all rc={rc} handles={out:?} live={live}");
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) }
+    }
+    assert_eq!(set(LOCK_LOG_WARN, None), LOCK_OK);
+    COUNTED_SERVER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    assert!(
+        FORKED_CHILD.load(Ordering::SeqCst) > 0,
+        "the callback never forked: the lock set did not start again"
+    );
+    assert_eq!(rc, LOCK_OK, "the parent's lock_acquire_all");
+    let status = RESTART_CHILD_STATUS.load(Ordering::SeqCst);
+    let sent = RUN_BY_THE_CHILD.load(Ordering::SeqCst);
+    assert_eq!(
+        (status, sent),
+        (0, 0),
+        "the child (exit status, commands the server ran for it): 1 = it did not fail the \
+         call, 2 = it kept a live handle"
+    );
+    for lock in out {
+        assert_eq!(lock_release(lock), LOCK_OK);
+    }
+    lock_client_close(redlock);
+    lock_client_close(plain);
+}
+
 /// A log callback that forks on a renewal thread (its warning that a renewal failed): the
 /// child's copy of the thread must not go on renewing its parent's lock, which must then
 /// end with its parent (here: abandoned, as by a crash) within its ttl.

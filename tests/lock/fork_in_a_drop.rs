@@ -10,19 +10,26 @@ use redlease::{Client, ErrorKind};
 
 use crate::support::{self, RedisServer};
 
-/// Forks when dropped. In the parent: records the child's pid in `child`, and when `wait`
-/// waits for the child to end (its exit status in `status`) before returning. In the
-/// child: sets `child` to -1 and returns.
+unsafe extern "C" {
+    /// glibc's fork without the fork handlers (2.34 and later).
+    fn _Fork() -> libc::pid_t;
+}
+
+/// Forks when dropped (with `_Fork()`, which runs no fork handlers, when `raw`). In the
+/// parent: records the child's pid in `child`, and when `wait` waits for the child to end
+/// (its exit status in `status`) before returning. In the child: sets `child` to -1 and
+/// returns.
 struct ForkOnDrop {
     child: &'static AtomicI32,
     status: &'static AtomicI32,
     wait: bool,
+    raw: bool,
 }
 
 impl Drop for ForkOnDrop {
     fn drop(&mut self) {
         // SAFETY: fork; the child returns into the library's call and later _exits.
-        let pid = unsafe { libc::fork() };
+        let pid = unsafe { if self.raw { _Fork() } else { libc::fork() } };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
             self.child.store(-1, Ordering::SeqCst);
@@ -44,22 +51,48 @@ static HOOK_STATUS: AtomicI32 = AtomicI32::new(-100);
 /// child's acquire fails, and the parent keeps its lock.
 #[test]
 fn a_fork_in_the_drop_of_an_interrupt_hook_does_not_give_the_child_its_parents_lock() {
+    fork_in_the_drop_of_an_interrupt_hook("fork-drop:hook", false, &HOOK_CHILD, &HOOK_STATUS);
+}
+
+static RAW_HOOK_CHILD: AtomicI32 = AtomicI32::new(0);
+static RAW_HOOK_STATUS: AtomicI32 = AtomicI32::new(-100);
+
+/// As above with `_Fork()`, which moves no fork generation: the library drops the hook as
+/// caller code, and sees the pid change across the drop.
+#[test]
+fn a_fork_without_the_fork_handlers_in_the_drop_of_an_interrupt_hook_does_not_give_the_child_its_parents_lock()
+ {
+    fork_in_the_drop_of_an_interrupt_hook(
+        "fork-drop:raw-hook",
+        true,
+        &RAW_HOOK_CHILD,
+        &RAW_HOOK_STATUS,
+    );
+}
+
+fn fork_in_the_drop_of_an_interrupt_hook(
+    key: &str,
+    raw: bool,
+    child: &'static AtomicI32,
+    child_status: &'static AtomicI32,
+) {
     let server = RedisServer::start();
     let client = Client::open(&server.url()).unwrap();
     let on_drop = ForkOnDrop {
-        child: &HOOK_CHILD,
-        status: &HOOK_STATUS,
+        child,
+        status: child_status,
         wait: true,
+        raw,
     };
     let result = client
-        .lock("fork-drop:hook")
+        .lock(key)
         .ttl(Duration::from_secs(30))
         .on_interrupt(move || {
             let _ = &on_drop;
             false
         })
         .try_acquire();
-    if HOOK_CHILD.load(Ordering::SeqCst) == -1 {
+    if child.load(Ordering::SeqCst) == -1 {
         // The child: 0 when its parent's call failed there (Internal), 1 when it got a
         // guard and released its parent's lock with it, 2 when it got a guard whose
         // release failed, 3 for another error.
@@ -80,10 +113,10 @@ fn a_fork_in_the_drop_of_an_interrupt_hook_does_not_give_the_child_its_parents_l
         // SAFETY: ends the child at once.
         unsafe { libc::_exit(code) }
     }
-    let status = HOOK_STATUS.load(Ordering::SeqCst);
+    let status = child_status.load(Ordering::SeqCst);
     let guard = result.expect("the parent's acquire");
     eprintln!("parent: token {}, child status {status}", guard.token());
-    let key_after_child = server.get("fork-drop:hook");
+    let key_after_child = server.get(key);
     let released = guard.release();
     assert_eq!(
         status, 0,
@@ -107,6 +140,7 @@ fn a_fork_in_the_drop_of_an_interrupt_hook_does_not_renew_the_parents_lock_in_th
         child: &RENEW_CHILD,
         status: &RENEW_STATUS,
         wait: false,
+        raw: false,
     };
     let result = client
         .lock("fork-drop:renew")
@@ -162,6 +196,7 @@ fn a_fork_in_the_drop_of_an_on_lost_callback_does_not_release_the_parents_lock_i
         child: &LOST_CHILD,
         status: &LOST_STATUS,
         wait: true,
+        raw: false,
     };
     let guard = client
         .lock("fork-drop:lost")

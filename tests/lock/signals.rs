@@ -95,3 +95,66 @@ fn a_signal_storm_never_fails_a_call() {
         &failures[..failures.len().min(5)]
     );
 }
+
+/// The signals blocked on thread `tid` of this process (`SigBlk` in its status).
+fn blocked_signals(tid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
+    u64::from_str_radix(mask.trim(), 16).ok()
+}
+
+/// The library's threads (renewal, batching, give-back, connecting, DNS) start with every
+/// asynchronous signal blocked: the program's handlers run on its own threads only (a
+/// handler that forked on a renewal thread would renew its parent's lock in the child),
+/// whatever mask the thread that made them had.
+#[test]
+fn the_librarys_threads_block_the_programs_signals() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let guards: Vec<_> = (0..2)
+        .map(|i| {
+            client
+                .lock(&format!("signals:threads:{i}"))
+                .ttl(Duration::from_millis(600))
+                .try_acquire()
+                .unwrap()
+        })
+        .collect();
+    // Renewals every 200 ms: by now batched, on the node's batching thread.
+    std::thread::sleep(Duration::from_millis(700));
+    let bit = |signal: i32| 1u64 << (signal - 1);
+    let wanted = [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGUSR1,
+        libc::SIGCHLD,
+        libc::SIGALRM,
+    ];
+    let mut seen = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let tid = task.file_name().to_string_lossy().into_owned();
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let name = name.trim();
+        if !name.starts_with("redlease-") {
+            continue;
+        }
+        let Some(mask) = blocked_signals(&tid) else {
+            continue; // ended meanwhile
+        };
+        for signal in wanted {
+            assert!(
+                mask & bit(signal) != 0,
+                "thread {name} ({tid}) takes signal {signal} (blocked: {mask:#x})"
+            );
+        }
+        assert_eq!(mask & bit(libc::SIGSEGV), 0, "thread {name} blocks SIGSEGV");
+        seen.push(name.to_owned());
+    }
+    assert!(
+        seen.iter().any(|n| n == "redlease-renew") && seen.iter().any(|n| n == "redlease-batch"),
+        "no renewal or batching thread found: {seen:?}"
+    );
+    for guard in guards {
+        guard.release().unwrap();
+    }
+}
