@@ -953,6 +953,17 @@ int32_t lock_cancel_all(void);
 int32_t lock_cancel_reset(void);
 
 /**
+ * For exiting: waits up to `limit_ms` for the give-backs this process sends in the
+ * background, and writes whether none is left. An acquire whose reply never came (lost,
+ * or late past the call's bound) gives back what it may have taken on a thread of its
+ * own, bounded by one I/O timeout, so that the call keeps its own bound; a program that
+ * exits right after such a failure (a cron job) calls this first, or the lock it may
+ * have taken stays held until its ttl. Blocking; returns at once when nothing is in
+ * flight. Thread-safe. Errors: `LOCK_ERR_ARGUMENT` (`out_done` NULL).
+ */
+int32_t lock_wait_for_background_withdrawals(uint64_t limit_ms, bool *out_done);
+
+/**
  * This thread's message for its last call: empty after `LOCK_OK`. Never NULL; valid until
  * this thread's next call into the library. Never contains the URL's password.
  */

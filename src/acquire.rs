@@ -289,12 +289,15 @@ fn withdrawals() -> MutexGuard<'static, Withdrawals> {
 /// on the server stays there until its ttl. Blocks the calling thread; returns at once
 /// when nothing is in flight. Thread-safe.
 pub fn wait_for_background_withdrawals(limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
+    // A limit past what the clock can hold (`Duration::MAX`) is no limit.
+    let deadline = Instant::now().checked_add(limit);
     let me = Process::current();
     let mut w = withdrawals();
     w.own(me);
     while w.in_flight > 0 {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.map_or(Duration::from_secs(3600), |d| {
+            d.saturating_duration_since(Instant::now())
+        });
         if left.is_zero() {
             return false;
         }
@@ -304,4 +307,19 @@ pub fn wait_for_background_withdrawals(limit: Duration) -> bool {
             .0;
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limit the clock cannot add (`Duration::MAX`, the C ABI's `UINT64_MAX` ms) is no
+    /// limit, not a panic.
+    #[test]
+    fn an_unbounded_wait_for_background_withdrawals_ends_when_none_is_left() {
+        assert!(wait_for_background_withdrawals(Duration::MAX));
+        assert!(wait_for_background_withdrawals(Duration::from_millis(
+            u64::MAX
+        )));
+    }
 }

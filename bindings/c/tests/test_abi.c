@@ -373,6 +373,10 @@ static void test_bad_input(void) {
     CHECK_STATUS(lock_extend(lock, 0), LOCK_ERR_ARGUMENT);
     CHECK_STATUS(lock_is_locked(client, NULL, &flag), LOCK_ERR_ARGUMENT);
     CHECK_STATUS(lock_release(lock), LOCK_OK);
+    CHECK_STATUS(lock_wait_for_background_withdrawals(0, NULL), LOCK_ERR_ARGUMENT);
+    flag = false; /* nothing in flight: done at once, also with no limit */
+    CHECK_STATUS(lock_wait_for_background_withdrawals(UINT64_MAX, &flag), LOCK_OK);
+    CHECK(flag);
 
     /* A password never appears in a message. */
     snprintf(pw_url, sizeof pw_url, "redis://:sup3r-secret-pw@%s:%d/0", host, port);

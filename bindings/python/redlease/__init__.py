@@ -51,6 +51,7 @@ folders (never the current directory's).
 #   _inspect    the operators' views: LockInfo, ServerCheck, RenewalStats
 #   _from_redis the redlease client for a redis-py client (Client.from_redis)
 #   _client     Client
+#   _exit       what the interpreter's exit waits for (background give-backs)
 #
 # and, imported only by who asks for it (it needs redis-py):
 #
@@ -58,6 +59,7 @@ folders (never the current directory's).
 from ._async import AsyncLock
 from ._cancel import CancelToken, cancel_all, reset_cancel_all
 from ._client import Client
+from ._exit import wait_for_background_withdrawals
 from ._errors import (
     InternalError,
     InvalidArgumentError,
@@ -108,4 +110,5 @@ __all__ = [
     "Stats",
     "stats",
     "MultiLock",
+    "wait_for_background_withdrawals",
 ]

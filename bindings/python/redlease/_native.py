@@ -284,6 +284,7 @@ _declare("lock_cancel", c_int32, [lock_cancel_t])
 _declare("lock_cancel_free", c_int32, [lock_cancel_t])
 _declare("lock_cancel_all", c_int32, [])
 _declare("lock_cancel_reset", c_int32, [])
+_declare("lock_wait_for_background_withdrawals", c_int32, [c_uint64, POINTER(c_bool)])
 _declare("lock_inspect", c_int32, [lock_client_t, c_char_p, POINTER(POINTER(LockInfo_t))])
 _declare(
     "lock_list",
