@@ -189,6 +189,10 @@ thread_local! {
     /// How many pieces of caller code (see [`call_out`]) this thread is inside, within its
     /// current call: only there can a child forked meanwhile make calls of its own.
     static IN_CALLER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// On a thread of the library: the signal mask of the program's thread that (directly
+    /// or through other threads of the library) started it. See [`program_signals`].
+    static PROGRAM_MASK: std::cell::Cell<Option<libc::sigset_t>> =
+        const { std::cell::Cell::new(None) };
 }
 
 /// [`CALL_GENERATION`] outside any call.
@@ -201,23 +205,44 @@ const NO_CALL: u64 = u64::MAX;
 /// call (its parent's) sends nothing more. Inside `callback`, a child's calls are its own
 /// (see [`ApiCall::enter`]). Two system calls (`getpid` before and after).
 pub(crate) fn call_out<R>(callback: impl FnOnce() -> R) -> R {
-    /// Counts the caller code on the thread's stack, also when it unwinds.
-    struct Inside;
+    /// Counts the caller code on the thread's stack and, when it ends (also by unwinding:
+    /// a hook that panicked in a child made by `_Fork()`), marks the thread if the pid
+    /// changed; gives a library thread its blocked signals back.
+    struct Inside {
+        pid: u32,
+        mask: Option<libc::sigset_t>,
+    }
     impl Drop for Inside {
         fn drop(&mut self) {
             let _ = IN_CALLER.try_with(|n| n.set(n.get().saturating_sub(1)));
+            if let Some(mask) = &self.mask {
+                // SAFETY: `mask` is a valid set; the old mask is not wanted.
+                unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
+            }
+            if std::process::id() != self.pid {
+                let _ = ORPHANED.try_with(|o| o.set(true));
+            }
         }
     }
-    let before = std::process::id();
-    let inside = IN_CALLER
-        .try_with(|n| n.set(n.get().saturating_add(1)))
-        .map(|()| Inside);
-    let result = callback();
-    drop(inside);
-    if std::process::id() != before {
-        let _ = ORPHANED.try_with(|o| o.set(true));
+    let _ = IN_CALLER.try_with(|n| n.set(n.get().saturating_add(1)));
+    let _inside = Inside {
+        pid: std::process::id(),
+        mask: program_signals(),
+    };
+    callback()
+}
+
+/// On a thread of the library (whose signals are blocked: see [`spawn_without_signals`]),
+/// sets the signal mask of the program's thread that started it, for caller code about to
+/// run there (a process it starts, or a thread, inherits that mask, not the library's),
+/// and returns the library's mask to put back. `None` elsewhere.
+fn program_signals() -> Option<libc::sigset_t> {
+    let program = PROGRAM_MASK.try_with(std::cell::Cell::get).ok().flatten()?;
+    // SAFETY: both sets are valid for the call; `library` is written by it.
+    unsafe {
+        let mut library: libc::sigset_t = std::mem::zeroed();
+        (libc::pthread_sigmask(libc::SIG_SETMASK, &program, &mut library) == 0).then_some(library)
     }
-    result
 }
 
 /// A closure (or other value) the caller gave the library, dropped as caller code: its
@@ -270,6 +295,9 @@ pub(crate) struct ApiCall {
     /// [`ApiCall::enter`]): put back at the end, so that the parent's call stays failed in
     /// the child.
     saved: Option<(u32, u64, bool, u32)>,
+    /// The caller code the thread was inside when this call began (a callback that made
+    /// it), put back at the end: inside the call, only its own callbacks count.
+    in_caller: u32,
 }
 
 impl ApiCall {
@@ -296,8 +324,12 @@ impl ApiCall {
             return ApiCall {
                 outermost: true,
                 saved: Some(saved),
+                in_caller: 0,
             };
         }
+        // A callback that made this call is not one of its own: a fork in it, or in one
+        // around it, is no reason for what this call does next to be the child's.
+        let in_caller = IN_CALLER.try_with(|n| n.replace(0)).unwrap_or(0);
         let depth = DEPTH
             .try_with(|d| d.replace(d.get().saturating_add(1)))
             .unwrap_or(1);
@@ -308,6 +340,7 @@ impl ApiCall {
         ApiCall {
             outermost: depth == 0,
             saved: None,
+            in_caller,
         }
     }
 
@@ -343,6 +376,7 @@ impl Drop for ApiCall {
             return;
         }
         let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+        let _ = IN_CALLER.try_with(|n| n.set(self.in_caller));
         if self.outermost {
             let _ = ORPHANED.try_with(|o| o.set(false));
             let _ = CALL_GENERATION.try_with(|g| g.set(NO_CALL));
@@ -355,9 +389,11 @@ impl Drop for ApiCall {
 /// blocked: the program's signal handlers never run on the library's threads (where a
 /// handler that forked, or that longjmp'd, would go on with a renewal in a child), and
 /// a signal for the process goes to a thread of the program. Signals raised by a fault
-/// (`SIGSEGV`, `SIGBUS`, `SIGFPE`, `SIGILL`, `SIGTRAP`, `SIGSYS`) stay unblocked. The
-/// caller's mask is back when this returns; a signal that came meanwhile is delivered then.
-pub(crate) fn spawn_without_signals<R>(spawn: impl FnOnce() -> R) -> R {
+/// (`SIGSEGV`, `SIGBUS`, `SIGFPE`, `SIGILL`, `SIGTRAP`, `SIGSYS`) stay unblocked. `spawn`
+/// gets the program's mask, which the new thread gives [`library_thread`] first thing
+/// (caller code runs with it there). The caller's mask is back when this returns; a signal
+/// that came meanwhile is delivered then.
+pub(crate) fn spawn_without_signals<R>(spawn: impl FnOnce(ProgramMask) -> R) -> R {
     // SAFETY: sigset_t is plain data that sigfillset/sigdelset initialise; pthread_sigmask
     // reads `all` and writes `old`, both valid for the call.
     unsafe {
@@ -375,12 +411,27 @@ pub(crate) fn spawn_without_signals<R>(spawn: impl FnOnce() -> R) -> R {
             libc::sigdelset(&mut all, fault);
         }
         let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0;
-        let result = spawn();
+        // A thread of the library starting another passes on its program's mask.
+        let program = PROGRAM_MASK
+            .try_with(std::cell::Cell::get)
+            .ok()
+            .flatten()
+            .or(blocked.then_some(old));
+        let result = spawn(ProgramMask(program));
         if blocked {
             libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         }
         result
     }
+}
+
+/// The signal mask of the program's thread that started a thread of the library.
+#[derive(Clone, Copy)]
+pub(crate) struct ProgramMask(Option<libc::sigset_t>);
+
+/// Called first thing on a thread started by [`spawn_without_signals`].
+pub(crate) fn library_thread(mask: ProgramMask) {
+    let _ = PROGRAM_MASK.try_with(|m| m.set(mask.0));
 }
 
 /// The error of a call [`orphaned`] by a fork during it (in a callback or a drop).

@@ -290,11 +290,14 @@ fn spawn(job: Job, process: Process) -> Result<Arc<Worker>> {
         process,
     });
     let me = worker.clone();
-    process::spawn_without_signals(|| {
+    process::spawn_without_signals(|mask| {
         thread::Builder::new()
             .name("redlease-renew".into())
             .stack_size(128 * 1024)
-            .spawn(move || work(&me))
+            .spawn(move || {
+                process::library_thread(mask);
+                work(&me)
+            })
     })
     .map_err(|e| {
         Error::new(

@@ -111,11 +111,14 @@ impl Batcher {
             queue.running = true;
             drop(queue);
             let thread_batcher = batcher.clone();
-            let started = crate::process::spawn_without_signals(|| {
+            let started = crate::process::spawn_without_signals(|mask| {
                 thread::Builder::new()
                     .name("redlease-batch".into())
                     .stack_size(128 * 1024)
-                    .spawn(move || serve(&thread_batcher, conduit, io))
+                    .spawn(move || {
+                        crate::process::library_thread(mask);
+                        serve(&thread_batcher, conduit, io)
+                    })
             });
             if let Err(e) = started {
                 let failed = Error::new(

@@ -267,6 +267,11 @@ impl Lease {
                 break;
             };
             self.run_callback(&callback, reason);
+            if crate::process::orphaned() {
+                // The callback forked and returned in the child: the other holds' handlers
+                // and listeners are the parent's to tell.
+                return;
+            }
         }
         for tx in subscribers {
             let _ = tx.try_send(reason);

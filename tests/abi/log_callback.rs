@@ -467,45 +467,51 @@ unsafe extern "C" fn fork_and_wait_at_restart(
     RUN_BY_THE_CHILD.store((counted_commands() - before) as i64, Ordering::SeqCst);
 }
 
-/// A log callback that forks when a Redlock lock set gives its names back to start again
-/// (a name was held elsewhere): the child comes back into its parent's `lock_acquire_all`,
-/// whose next round takes the names with nested acquires. The child must send nothing
-/// for it, fail it, and get no handle (a nested acquire entered after the callback
-/// returned is its parent's call going on, not a call of the child's own).
-#[test]
-fn a_child_forked_in_the_log_callback_does_not_go_on_with_its_parents_lock_set() {
-    let _one = one_at_a_time();
+/// The Redlock client [`take_the_set`] uses.
+static SET_CLIENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// What [`take_the_set`] got in the parent: status (-100 before), handles.
+static SET_STATUS: AtomicI32 = AtomicI32::new(-100);
+static SET_HANDLES: Mutex<[lock_t; 2]> = Mutex::new([0; 2]);
+
+/// A server, a Redlock client of it in [`SET_CLIENT`] (for [`take_the_set`]) and a plain
+/// one, by which another owner holds the set's second name for `held_ms`: the set then
+/// gives its first name back and starts again, and [`fork_and_wait_at_restart`], set as
+/// the log callback, forks there.
+fn lock_set_that_starts_again(
+    held_ms: u64,
+) -> (std::sync::Arc<crate::support::RedisServer>, lock_client_t) {
     let server = std::sync::Arc::new(crate::support::RedisServer::start());
     *COUNTED_SERVER
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(server.clone());
     RUN_BY_THE_CHILD.store(-1, Ordering::SeqCst);
+    RESTART_CHILD_STATUS.store(-100, Ordering::SeqCst);
+    SET_STATUS.store(-100, Ordering::SeqCst);
+    FORKED_CHILD.store(0, Ordering::SeqCst);
     let url = std::ffi::CString::new(server.url()).unwrap();
     let urls = [url.as_ptr()];
     let (mut redlock, mut plain): (lock_client_t, lock_client_t) = (0, 0);
     // SAFETY: valid arguments and out-pointers.
     let rc = unsafe { lock_client_open_redlock(urls.as_ptr(), 1, std::ptr::null(), &mut redlock) };
     assert_eq!(rc, LOCK_OK);
+    SET_CLIENT.store(redlock, Ordering::SeqCst);
     // SAFETY: valid arguments and out-pointers.
     let rc = unsafe { lock_client_open(url.as_ptr(), &mut plain) };
     assert_eq!(rc, LOCK_OK);
-    // SAFETY: all-zero bytes are a valid value of this C struct, which init then fills.
-    let mut opts: lock_acquire_options_t = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid struct of the size given.
-    let rc = unsafe { lock_acquire_options_init(&mut opts, std::mem::size_of_val(&opts)) };
-    assert_eq!(rc, LOCK_OK);
-    opts.renew = false;
-    // Another owner holds the second name for 400 ms: the set gives the first back and
-    // starts again.
-    let (a, b) = (c"fork-in-log:set:a", c"fork-in-log:set:b");
+    let opts = options_without_renewal();
     let mut other: lock_t = 0;
     // SAFETY: valid arguments and out-pointers.
-    let rc = unsafe { lock_acquire_opts(plain, b.as_ptr(), 400, 0, &opts, &mut other) };
+    let rc = unsafe {
+        lock_acquire_opts(
+            plain,
+            c"fork-in-log:set:b".as_ptr(),
+            held_ms,
+            0,
+            &opts,
+            &mut other,
+        )
+    };
     assert_eq!(rc, LOCK_OK);
-
-    // SAFETY: pthread_self has no preconditions.
-    FORKING_THREAD.store(unsafe { libc::pthread_self() } as u64, Ordering::SeqCst);
-    FORKED_CHILD.store(0, Ordering::SeqCst);
     // SAFETY: the callback is callable from any thread and uses no user_data.
     let rc = unsafe {
         lock_set_log_callback(
@@ -515,12 +521,34 @@ fn a_child_forked_in_the_log_callback_does_not_go_on_with_its_parents_lock_set()
         )
     };
     assert_eq!(rc, LOCK_OK);
-    let names = [a.as_ptr(), b.as_ptr()];
+    (server, plain)
+}
+
+fn options_without_renewal() -> lock_acquire_options_t {
+    // SAFETY: all-zero bytes are a valid value of this C struct, which init then fills.
+    let mut opts: lock_acquire_options_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid struct of the size given.
+    let rc = unsafe { lock_acquire_options_init(&mut opts, std::mem::size_of_val(&opts)) };
+    assert_eq!(rc, LOCK_OK);
+    opts.renew = false;
+    opts
+}
+
+/// Takes the set on this thread (whose log records [`fork_and_wait_at_restart`] forks
+/// at). In the child: ends it, with 0 when its parent's call failed there with no live
+/// handle, 1 when it returned another status, 2 when it failed but left a live handle.
+/// In the parent: records the status and handles.
+fn take_the_set() {
+    // SAFETY: pthread_self has no preconditions.
+    FORKING_THREAD.store(unsafe { libc::pthread_self() } as u64, Ordering::SeqCst);
+    let opts = options_without_renewal();
+    let names = [c"fork-in-log:set:a".as_ptr(), c"fork-in-log:set:b".as_ptr()];
     let mut out: [lock_t; 2] = [0; 2];
+    let client = SET_CLIENT.load(Ordering::SeqCst);
     // SAFETY: valid arguments and out-pointers.
     let rc = unsafe {
         lock_acquire_all(
-            redlock,
+            client,
             names.as_ptr(),
             2,
             100,
@@ -530,8 +558,6 @@ fn a_child_forked_in_the_log_callback_does_not_go_on_with_its_parents_lock_set()
         )
     };
     if FORKED_CHILD.load(Ordering::SeqCst) == -1 {
-        // The child: 0 when its parent's call failed here with no handle, 1 when it
-        // returned another status, 2 when it failed but left a live handle.
         let live = out.iter().any(|&lock| {
             let mut held = false;
             // SAFETY: any handle value is accepted; `held` is writable.
@@ -542,20 +568,29 @@ fn a_child_forked_in_the_log_callback_does_not_go_on_with_its_parents_lock_set()
             (LOCK_ERR_INTERNAL, true) => 2,
             _ => 1,
         };
-        eprintln!("CHILD: lock_acquire_all rc={rc} handles={out:?} live={live}");
         // SAFETY: ends the child at once.
         unsafe { libc::_exit(code) }
     }
-    assert_eq!(set(LOCK_LOG_WARN, None), LOCK_OK);
-    COUNTED_SERVER
+    *SET_HANDLES
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = out;
+    SET_STATUS.store(rc, Ordering::SeqCst);
+}
+
+/// After [`take_the_set`] in the parent: the child (forked in the log callback, and
+/// returned into the set's call) failed it, kept no handle and sent nothing; the parent
+/// got the set. Releases it and closes the clients.
+fn the_child_did_not_go_on_with_the_set(plain: lock_client_t) {
+    assert_eq!(set(LOCK_LOG_WARN, None), LOCK_OK);
     assert!(
         FORKED_CHILD.load(Ordering::SeqCst) > 0,
         "the callback never forked: the lock set did not start again"
     );
-    assert_eq!(rc, LOCK_OK, "the parent's lock_acquire_all");
+    assert_eq!(
+        SET_STATUS.load(Ordering::SeqCst),
+        LOCK_OK,
+        "the parent's lock_acquire_all"
+    );
     let status = RESTART_CHILD_STATUS.load(Ordering::SeqCst);
     let sent = RUN_BY_THE_CHILD.load(Ordering::SeqCst);
     assert_eq!(
@@ -564,11 +599,99 @@ fn a_child_forked_in_the_log_callback_does_not_go_on_with_its_parents_lock_set()
         "the child (exit status, commands the server ran for it): 1 = it did not fail the \
          call, 2 = it kept a live handle"
     );
-    for lock in out {
+    let handles = *SET_HANDLES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for lock in handles {
         assert_eq!(lock_release(lock), LOCK_OK);
     }
-    lock_client_close(redlock);
+    lock_client_close(SET_CLIENT.load(Ordering::SeqCst));
     lock_client_close(plain);
+    COUNTED_SERVER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+}
+
+/// A log callback that forks when a Redlock lock set gives its names back to start again
+/// (a name was held elsewhere): the child comes back into its parent's `lock_acquire_all`,
+/// whose next round takes the names with nested acquires. The child must send nothing
+/// for it, fail it, and get no handle (a nested acquire entered after the callback
+/// returned is its parent's call going on, not a call of the child's own).
+#[test]
+fn a_child_forked_in_the_log_callback_does_not_go_on_with_its_parents_lock_set() {
+    let _one = one_at_a_time();
+    let (_server, plain) = lock_set_that_starts_again(400);
+    take_the_set();
+    the_child_did_not_go_on_with_the_set(plain);
+}
+
+unsafe extern "C" fn ignore_the_loss(_: lock_t, _: i32, _: *mut c_void) {}
+
+unsafe extern "C" fn take_the_set_when_freed(_: *mut c_void) {
+    take_the_set();
+}
+
+unsafe extern "C" fn take_the_set_when_lost(_: lock_t, _: i32, _: *mut c_void) {
+    take_the_set();
+}
+
+/// As above, with the set taken by caller code that `lock_release` runs (a
+/// `user_data_free`): a callback that made the call around the fork is not one of the
+/// call's own, and the set fails in the child all the same.
+#[test]
+fn a_lock_set_taken_in_a_user_data_free_does_not_go_on_in_a_child_forked_under_it() {
+    let _one = one_at_a_time();
+    let (_server, plain) = lock_set_that_starts_again(400);
+    let mut opts = options_without_renewal();
+    opts.on_lost = Some(ignore_the_loss);
+    opts.user_data = std::ptr::NonNull::<u8>::dangling().as_ptr().cast();
+    opts.user_data_free = Some(take_the_set_when_freed);
+    let mut outer: lock_t = 0;
+    // SAFETY: valid arguments and out-pointers; the callbacks ignore user_data.
+    let rc = unsafe {
+        lock_acquire_opts(
+            plain,
+            c"fork-in-log:set:outer".as_ptr(),
+            10_000,
+            0,
+            &opts,
+            &mut outer,
+        )
+    };
+    assert_eq!(rc, LOCK_OK);
+    assert_eq!(lock_release(outer), LOCK_OK);
+    the_child_did_not_go_on_with_the_set(plain);
+}
+
+/// As above, with the set taken by a lost-lock callback on a renewal thread.
+#[test]
+fn a_lock_set_taken_in_an_on_lost_does_not_go_on_in_a_child_forked_under_it() {
+    let _one = one_at_a_time();
+    let (server, plain) = lock_set_that_starts_again(1_500);
+    let mut opts = options_without_renewal();
+    opts.renew = true;
+    opts.on_lost = Some(take_the_set_when_lost);
+    let mut outer: lock_t = 0;
+    // SAFETY: valid arguments and out-pointers.
+    let rc = unsafe {
+        lock_acquire_opts(
+            plain,
+            c"fork-in-log:set:lost".as_ptr(),
+            900,
+            0,
+            &opts,
+            &mut outer,
+        )
+    };
+    assert_eq!(rc, LOCK_OK);
+    let _: i64 = server.cmd(&["DEL", "fork-in-log:set:lost"]);
+    assert!(
+        within_5s(|| SET_STATUS.load(Ordering::SeqCst) != -100),
+        "the lost-lock callback never took the set"
+    );
+    assert_eq!(lock_release(outer), LOCK_NOT_HELD);
+    the_child_did_not_go_on_with_the_set(plain);
 }
 
 /// A log callback that forks on a renewal thread (its warning that a renewal failed): the

@@ -234,3 +234,79 @@ fn a_child_forked_in_an_interrupt_hook_fails_its_parents_wait_and_then_works_on_
     );
     parent.unwrap();
 }
+
+unsafe extern "C" {
+    /// glibc's fork without the fork handlers (2.34 and later).
+    fn _Fork() -> libc::pid_t;
+}
+
+/// 0 until the hook below forks; then the child's pid in the parent, -1 in the child.
+static PANIC_HOOK_FORKED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// An interrupt hook that calls `_Fork()` (no fork handlers: only the pid tells) and
+/// panics in the child: the unwinding hook returns into its parent's wait all the same
+/// (the library catches a hook's panic). The child must fail that wait (`Internal`), not
+/// go on to take its parent's lock under its parent's token.
+#[test]
+fn a_child_made_by_fork_without_handlers_in_a_hook_that_panics_fails_its_parents_wait() {
+    use std::sync::atomic::Ordering;
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = Client::open(&url)
+        .unwrap()
+        .lock("fork-panic-hook")
+        .ttl(Duration::from_millis(1_500))
+        .renew(false)
+        .try_acquire()
+        .unwrap();
+    let waiter = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            let client = Client::open(&url).unwrap();
+            let result = client
+                .lock("fork-panic-hook")
+                .renew(false)
+                .on_interrupt(|| {
+                    if PANIC_HOOK_FORKED.load(Ordering::SeqCst) == 0 {
+                        // SAFETY: _Fork; the child unwinds out of the hook into the wait.
+                        let pid = unsafe { _Fork() };
+                        PANIC_HOOK_FORKED.store(if pid == 0 { -1 } else { pid }, Ordering::SeqCst);
+                        if pid == 0 {
+                            panic!("the hook panics in the child");
+                        }
+                    }
+                    false
+                })
+                .acquire_timeout(Duration::from_secs(10));
+            if PANIC_HOOK_FORKED.load(Ordering::SeqCst) == -1 {
+                // The child: 0 when its parent's wait failed there, 1 when it took its
+                // parent's lock, 2 for another error.
+                let code = match &result {
+                    Err(e) if e.kind() == ErrorKind::Internal => 0,
+                    Ok(_) => 1,
+                    Err(_) => 2,
+                };
+                std::mem::forget(result);
+                // SAFETY: ends the child at once.
+                unsafe { libc::_exit(code) }
+            }
+            result.map(|g| g.token().to_owned())
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || PANIC_HOOK_FORKED
+            .load(Ordering::SeqCst)
+            > 0),
+        "the hook was not called during the wait"
+    );
+    let child = PANIC_HOOK_FORKED.load(Ordering::SeqCst);
+    let status = support::exit_status(child, Duration::from_secs(15));
+    drop(holder);
+    let parent = waiter.join().unwrap();
+    assert_eq!(
+        status,
+        Some(0),
+        "1: the child went on with its parent's wait and took the lock; 2: another error"
+    );
+    parent.unwrap();
+}

@@ -275,3 +275,73 @@ fn a_release_that_takes_back_its_queued_renewal_warns_of_nothing() {
     let warned = crate::support::warnings_about(name);
     assert!(warned.is_empty(), "{warned:?}");
 }
+
+/// 0 until the handler below forks; then the child's pid in the parent, -1 in the child.
+static HANDLER_FORKED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// Handlers run in the parent (the forking one included).
+static RAN_IN_PARENT: AtomicUsize = AtomicUsize::new(0);
+
+/// Two reentrant holds of one lock, each with a lost-lock handler; the first handler run
+/// forks and returns in the child. The child's copy of the renewal thread must not go on
+/// with its parent's loss report: the other hold's handler runs in the parent only.
+#[test]
+fn a_child_forked_in_a_lost_lock_handler_runs_none_of_the_other_handlers() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ran_in_child = dir.path().join("ran-in-child");
+    let parent = std::process::id();
+    let handler = |which: &'static str| {
+        let ran_in_child = ran_in_child.clone();
+        move |_: LostReason| {
+            if HANDLER_FORKED.load(Ordering::SeqCst) == 0 {
+                // SAFETY: fork; the child returns into the library's loss report.
+                let pid = unsafe { libc::fork() };
+                HANDLER_FORKED.store(if pid == 0 { -1 } else { pid }, Ordering::SeqCst);
+                if pid == 0 {
+                    return;
+                }
+            }
+            if std::process::id() == parent {
+                RAN_IN_PARENT.fetch_add(1, Ordering::SeqCst);
+            } else {
+                let _ = std::fs::write(&ran_in_child, which);
+            }
+        }
+    };
+    let first = client
+        .lock("loss:fork-in-handler")
+        .ttl(Duration::from_millis(900))
+        .reentrant()
+        .on_lost(handler("first"))
+        .try_acquire()
+        .unwrap();
+    let second = client
+        .lock("loss:fork-in-handler")
+        .ttl(Duration::from_millis(900))
+        .reentrant()
+        .on_lost(handler("second"))
+        .try_acquire()
+        .unwrap();
+    let _: i64 = server.cmd(&["DEL", "loss:fork-in-handler"]);
+    assert!(
+        eventually(Duration::from_secs(10), || RAN_IN_PARENT
+            .load(Ordering::SeqCst)
+            == 2),
+        "the parent was not told of the loss by both handlers"
+    );
+    let child = HANDLER_FORKED.load(Ordering::SeqCst);
+    assert!(child > 0, "the handler never forked");
+    // The child's renewal thread ends; the child itself lives on (its main thread is the
+    // parent's copy, which never returns here): give it time, then end it.
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: the child's pid, ours to end.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    let _ = crate::support::exit_status(child, Duration::from_secs(5));
+    assert_eq!(
+        std::fs::read_to_string(&ran_in_child).ok(),
+        None,
+        "a handler of the parent's ran in the child"
+    );
+    drop((first, second));
+}

@@ -106,11 +106,32 @@ fn blocked_signals(tid: &str) -> Option<u64> {
 /// The library's threads (renewal, batching, give-back, connecting, DNS) start with every
 /// asynchronous signal blocked: the program's handlers run on its own threads only (a
 /// handler that forked on a renewal thread would renew its parent's lock in the child),
-/// whatever mask the thread that made them had.
+/// whatever mask the thread that made them had. Checked in a child process of its own, so
+/// that other tests' threads (one running a callback, with the program's mask) are not
+/// among those looked at.
 #[test]
 fn the_librarys_threads_block_the_programs_signals() {
     let server = RedisServer::start();
-    let client = Client::open(&server.url()).unwrap();
+    let url = server.url();
+    // SAFETY: fork; the child runs `threads_of_a_child_block_signals` and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let verdict = std::panic::catch_unwind(|| threads_of_a_child_block_signals(&url));
+        // SAFETY: ends the child without its parent's destructors.
+        unsafe { libc::_exit(if verdict.is_ok() { 0 } else { 1 }) }
+    }
+    assert_eq!(
+        crate::support::exit_status(pid, Duration::from_secs(20)),
+        Some(0),
+        "a thread of the library takes the program's signals (see the child's message)"
+    );
+}
+
+/// In a child process: holds two renewed locks until the renewals are batched, then
+/// checks every thread of the library.
+fn threads_of_a_child_block_signals(url: &str) {
+    let client = Client::open(url).unwrap();
     let guards: Vec<_> = (0..2)
         .map(|i| {
             client
@@ -157,4 +178,47 @@ fn the_librarys_threads_block_the_programs_signals() {
     for guard in guards {
         guard.release().unwrap();
     }
+}
+
+/// The signals blocked on the calling thread.
+fn my_blocked_signals() -> u64 {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    blocked_signals(&tid.to_string()).expect("this thread's status")
+}
+
+/// Caller code that runs on a thread of the library (here a lost-lock handler, on the
+/// renewal thread) runs with the signal mask of the program's thread that started it, not
+/// the library's: a process or thread it starts would otherwise ignore SIGTERM and Ctrl-C.
+/// The library's mask is back once it returns.
+#[test]
+fn caller_code_on_the_librarys_threads_runs_with_the_programs_signals() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let program = my_blocked_signals();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let guard = {
+        let seen = seen.clone();
+        client
+            .lock("signals:handler-mask")
+            .ttl(Duration::from_millis(600))
+            .on_lost(move |_| {
+                let name = std::thread::current().name().map(str::to_owned);
+                *seen.lock().unwrap() = Some((name, my_blocked_signals()));
+            })
+            .try_acquire()
+            .unwrap()
+    };
+    let _: i64 = server.cmd(&["DEL", "signals:handler-mask"]);
+    assert!(
+        crate::support::eventually(Duration::from_secs(5), || seen.lock().unwrap().is_some()),
+        "the lost-lock handler never ran"
+    );
+    let (thread, mask) = seen.lock().unwrap().clone().unwrap();
+    assert_eq!(thread.as_deref(), Some("redlease-renew"));
+    assert_eq!(
+        mask, program,
+        "the handler ran with {mask:#x} blocked, the program's thread has {program:#x}"
+    );
+    drop(guard);
 }
