@@ -158,7 +158,70 @@ fn a_cancelled_waiter_in_a_process_that_forked_leaves_no_request_behind() {
     assert_eq!(server.get("forked"), None);
 }
 
-/// 0 until the hook below forks; then the child's pid in the parent, -1 in the child.
+/// How the hook of [`wait_with_a_forking_hook`] forks.
+#[derive(Clone, Copy)]
+enum HookFork {
+    /// `fork()`; the child returns from the hook.
+    Fork,
+    /// `_Fork()` (no fork handlers: only the pid tells); the child panics out of the hook
+    /// (the library catches a hook's panic and goes on).
+    RawThenPanic,
+}
+
+/// A thread waits for `name`, held by another client until the child has ended, with an
+/// interrupt hook that forks (once, as `how` says) during the wait: in the child the
+/// thread comes back into its parent's wait, and `in_child` (given the wait's result and
+/// the server's URL) gives the child's exit status. Returns that status, and the parent's
+/// wait's result once the holder has let go. `forked` is the test's own: 0 until the hook
+/// forks, then the child's pid in the parent, -1 in the child.
+fn wait_with_a_forking_hook(
+    name: &'static str,
+    how: HookFork,
+    forked: &'static std::sync::atomic::AtomicI32,
+    in_child: fn(redlease::Result<redlease::LockGuard>, &str) -> i32,
+) -> (Option<i32>, redlease::Result<()>) {
+    use std::sync::atomic::Ordering;
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = Client::open(&url).unwrap().lock(name).acquire().unwrap();
+    let waiter = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            let client = Client::open(&url).unwrap();
+            let result = client
+                .lock(name)
+                .on_interrupt(move || {
+                    if forked.load(Ordering::SeqCst) == 0 {
+                        let pid = match how {
+                            // SAFETY: fork; the child comes back into the wait.
+                            HookFork::Fork => unsafe { libc::fork() },
+                            HookFork::RawThenPanic => support::fork_without_handlers(),
+                        };
+                        forked.store(if pid == 0 { -1 } else { pid }, Ordering::SeqCst);
+                        if pid == 0 && matches!(how, HookFork::RawThenPanic) {
+                            panic!("the hook panics in the child");
+                        }
+                    }
+                    false
+                })
+                .acquire_timeout(Duration::from_secs(20));
+            if forked.load(Ordering::SeqCst) == -1 {
+                let code = in_child(result, &url);
+                // SAFETY: ends the child at once.
+                unsafe { libc::_exit(code) }
+            }
+            result.and_then(|g| g.release())
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || forked.load(Ordering::SeqCst) > 0),
+        "the hook was not called during the wait"
+    );
+    let status = support::exit_status(forked.load(Ordering::SeqCst), Duration::from_secs(15));
+    holder.release().unwrap();
+    (status, waiter.join().unwrap())
+}
+
 static HOOK_FORKED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 /// A Rust interrupt hook that forks while its thread waits: in the child the thread comes
@@ -167,66 +230,33 @@ static HOOK_FORKED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32:
 /// work. The parent waits on and gets the lock.
 #[test]
 fn a_child_forked_in_an_interrupt_hook_fails_its_parents_wait_and_then_works_on_its_own() {
-    use std::sync::atomic::Ordering;
-    let server = RedisServer::start();
-    let url = server.url();
-    let holder = Client::open(&url)
-        .unwrap()
-        .lock("fork-in-rust-hook")
-        .acquire()
-        .unwrap();
-    let waiter = {
-        let url = url.clone();
-        std::thread::spawn(move || {
-            let client = Client::open(&url).unwrap();
-            let result = client
-                .lock("fork-in-rust-hook")
-                .on_interrupt(|| {
-                    if HOOK_FORKED.load(Ordering::SeqCst) == 0 {
-                        // SAFETY: fork; the child comes back into the wait.
-                        let pid = unsafe { libc::fork() };
-                        HOOK_FORKED.store(if pid == 0 { -1 } else { pid }, Ordering::SeqCst);
-                    }
-                    false
-                })
-                .acquire_timeout(Duration::from_secs(20));
-            if HOOK_FORKED.load(Ordering::SeqCst) == -1 {
-                // The child: 1 when it took its parent's lock, 2 for another failure than
-                // Internal, 3 when its own client then fails.
-                let code = match &result {
-                    Ok(_) => 1,
-                    Err(e) if e.kind() != ErrorKind::Internal => 2,
-                    Err(_) => {
-                        drop(result);
-                        let own = Client::open(&url);
-                        let works = own.is_ok_and(|own| {
-                            own.ping().is_ok()
-                                && own.is_locked("fork-in-rust-hook:other").is_ok()
-                                && own
-                                    .lock("fork-in-rust-hook:child")
-                                    .try_acquire()
-                                    .and_then(|g| g.release())
-                                    .is_ok()
-                        });
-                        if works { 0 } else { 3 }
-                    }
-                };
-                // SAFETY: ends the child at once.
-                unsafe { libc::_exit(code) }
+    let (status, parent) = wait_with_a_forking_hook(
+        "fork-in-rust-hook",
+        HookFork::Fork,
+        &HOOK_FORKED,
+        |result, url| {
+            // 1 when it took its parent's lock, 2 for another failure than Internal, 3
+            // when its own client then fails.
+            match &result {
+                Ok(_) => 1,
+                Err(e) if e.kind() != ErrorKind::Internal => 2,
+                Err(_) => {
+                    drop(result);
+                    let own = Client::open(url);
+                    let works = own.is_ok_and(|own| {
+                        own.ping().is_ok()
+                            && own.is_locked("fork-in-rust-hook:other").is_ok()
+                            && own
+                                .lock("fork-in-rust-hook:child")
+                                .try_acquire()
+                                .and_then(|g| g.release())
+                                .is_ok()
+                    });
+                    if works { 0 } else { 3 }
+                }
             }
-            result.and_then(|g| g.release())
-        })
-    };
-    assert!(
-        eventually(Duration::from_secs(5), || HOOK_FORKED
-            .load(Ordering::SeqCst)
-            > 0),
-        "the hook was not called during the wait"
+        },
     );
-    let child = HOOK_FORKED.load(Ordering::SeqCst);
-    let status = support::exit_status(child, Duration::from_secs(15));
-    holder.release().unwrap();
-    let parent = waiter.join().unwrap();
     assert_eq!(
         status,
         Some(0),
@@ -235,12 +265,6 @@ fn a_child_forked_in_an_interrupt_hook_fails_its_parents_wait_and_then_works_on_
     parent.unwrap();
 }
 
-unsafe extern "C" {
-    /// glibc's fork without the fork handlers (2.34 and later).
-    fn _Fork() -> libc::pid_t;
-}
-
-/// 0 until the hook below forks; then the child's pid in the parent, -1 in the child.
 static PANIC_HOOK_FORKED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 /// An interrupt hook that calls `_Fork()` (no fork handlers: only the pid tells) and
@@ -249,60 +273,22 @@ static PANIC_HOOK_FORKED: std::sync::atomic::AtomicI32 = std::sync::atomic::Atom
 /// go on to take its parent's lock under its parent's token.
 #[test]
 fn a_child_made_by_fork_without_handlers_in_a_hook_that_panics_fails_its_parents_wait() {
-    use std::sync::atomic::Ordering;
-    let server = RedisServer::start();
-    let url = server.url();
-    let holder = Client::open(&url)
-        .unwrap()
-        .lock("fork-panic-hook")
-        .ttl(Duration::from_millis(1_500))
-        .renew(false)
-        .try_acquire()
-        .unwrap();
-    let waiter = {
-        let url = url.clone();
-        std::thread::spawn(move || {
-            let client = Client::open(&url).unwrap();
-            let result = client
-                .lock("fork-panic-hook")
-                .renew(false)
-                .on_interrupt(|| {
-                    if PANIC_HOOK_FORKED.load(Ordering::SeqCst) == 0 {
-                        // SAFETY: _Fork; the child unwinds out of the hook into the wait.
-                        let pid = unsafe { _Fork() };
-                        PANIC_HOOK_FORKED.store(if pid == 0 { -1 } else { pid }, Ordering::SeqCst);
-                        if pid == 0 {
-                            panic!("the hook panics in the child");
-                        }
-                    }
-                    false
-                })
-                .acquire_timeout(Duration::from_secs(10));
-            if PANIC_HOOK_FORKED.load(Ordering::SeqCst) == -1 {
-                // The child: 0 when its parent's wait failed there, 1 when it took its
-                // parent's lock, 2 for another error.
-                let code = match &result {
-                    Err(e) if e.kind() == ErrorKind::Internal => 0,
-                    Ok(_) => 1,
-                    Err(_) => 2,
-                };
-                std::mem::forget(result);
-                // SAFETY: ends the child at once.
-                unsafe { libc::_exit(code) }
-            }
-            result.map(|g| g.token().to_owned())
-        })
-    };
-    assert!(
-        eventually(Duration::from_secs(5), || PANIC_HOOK_FORKED
-            .load(Ordering::SeqCst)
-            > 0),
-        "the hook was not called during the wait"
+    let (status, parent) = wait_with_a_forking_hook(
+        "fork-panic-hook",
+        HookFork::RawThenPanic,
+        &PANIC_HOOK_FORKED,
+        |result, _| {
+            // 0 when its parent's wait failed there, 1 when it took its parent's lock, 2
+            // for another error.
+            let code = match &result {
+                Err(e) if e.kind() == ErrorKind::Internal => 0,
+                Ok(_) => 1,
+                Err(_) => 2,
+            };
+            std::mem::forget(result);
+            code
+        },
     );
-    let child = PANIC_HOOK_FORKED.load(Ordering::SeqCst);
-    let status = support::exit_status(child, Duration::from_secs(15));
-    drop(holder);
-    let parent = waiter.join().unwrap();
     assert_eq!(
         status,
         Some(0),

@@ -10,11 +10,6 @@ use redlease::{Client, ErrorKind};
 
 use crate::support::{self, RedisServer};
 
-unsafe extern "C" {
-    /// glibc's fork without the fork handlers (2.34 and later).
-    fn _Fork() -> libc::pid_t;
-}
-
 /// Forks when dropped (with `_Fork()`, which runs no fork handlers, when `raw`). In the
 /// parent: records the child's pid in `child`, and when `wait` waits for the child to end
 /// (its exit status in `status`) before returning. In the child: sets `child` to -1 and
@@ -28,8 +23,12 @@ struct ForkOnDrop {
 
 impl Drop for ForkOnDrop {
     fn drop(&mut self) {
-        // SAFETY: fork; the child returns into the library's call and later _exits.
-        let pid = unsafe { if self.raw { _Fork() } else { libc::fork() } };
+        let pid = if self.raw {
+            support::fork_without_handlers()
+        } else {
+            // SAFETY: fork; the child returns into the library's call and later _exits.
+            unsafe { libc::fork() }
+        };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
             self.child.store(-1, Ordering::SeqCst);

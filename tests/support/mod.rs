@@ -659,3 +659,15 @@ pub fn exit_status(pid: libc::pid_t, limit: Duration) -> Option<i32> {
     }
     None
 }
+
+unsafe extern "C" {
+    /// glibc's fork without the fork handlers (2.34 and later).
+    fn _Fork() -> libc::pid_t;
+}
+
+/// `_Fork()`: a fork that runs no fork handlers (the library tells its child only by the
+/// pid). The child must `_exit`.
+pub fn fork_without_handlers() -> libc::pid_t {
+    // SAFETY: _Fork takes nothing; the caller's child ends with _exit.
+    unsafe { _Fork() }
+}
