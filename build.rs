@@ -45,8 +45,8 @@ const HEADER_TOP: &str = "\
  *   acquire ends early only when cancelled on purpose (lock_cancel, lock_cancel_all, or
  *   an on_interrupt callback that asks for it), with LOCK_CANCELLED and nothing held.
  *   The library's own threads block every signal but those of a fault: the program's
- *   handlers run on its own threads only. Callbacks run there with the signal mask of
- *   the program's thread that started the library's.
+ *   handlers run on its own threads only. Callbacks that run there (on_lost, the log
+ *   callback) keep that mask: a process they start inherits it (unblock signals in it).
  * - After fork(), a child must not use locks acquired by its parent: they report
  *   LOCK_NOT_HELD and nothing is sent (also in a child made by _Fork() or a raw clone,
  *   and while other threads of the parent were inside the library at the fork, also in

@@ -211,12 +211,11 @@ pub(crate) fn give_back_in_background(
     };
     let me = Process::current();
     withdrawals().started(me);
-    let spawned = crate::process::spawn_without_signals(|mask| {
+    let spawned = crate::process::spawn_without_signals(|| {
         std::thread::Builder::new()
             .name("redlease-giveback".into())
             .stack_size(128 * 1024)
             .spawn(move || {
-                crate::process::library_thread(mask);
                 let _counted = Counted(me);
                 give_back();
             })

@@ -269,12 +269,11 @@ fn resolve(host: &str, port: u16, deadline: Instant) -> Result<Vec<SocketAddr>> 
     }
     let (tx, rx) = crossbeam_channel::bounded(1);
     let name = host.to_owned();
-    crate::process::spawn_without_signals(|mask| {
+    crate::process::spawn_without_signals(|| {
         std::thread::Builder::new()
             .name("redlease-dns".into())
             .stack_size(64 * 1024)
             .spawn(move || {
-                crate::process::library_thread(mask);
                 let _ = tx.send((name.as_str(), port).to_socket_addrs().map(Vec::from_iter));
             })
     })

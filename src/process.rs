@@ -189,10 +189,6 @@ thread_local! {
     /// How many pieces of caller code (see [`call_out`]) this thread is inside, within its
     /// current call: only there can a child forked meanwhile make calls of its own.
     static IN_CALLER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    /// On a thread of the library: the signal mask of the program's thread that (directly
-    /// or through other threads of the library) started it. See [`program_signals`].
-    static PROGRAM_MASK: std::cell::Cell<Option<libc::sigset_t>> =
-        const { std::cell::Cell::new(None) };
 }
 
 /// [`CALL_GENERATION`] outside any call.
@@ -207,18 +203,13 @@ const NO_CALL: u64 = u64::MAX;
 pub(crate) fn call_out<R>(callback: impl FnOnce() -> R) -> R {
     /// Counts the caller code on the thread's stack and, when it ends (also by unwinding:
     /// a hook that panicked in a child made by `_Fork()`), marks the thread if the pid
-    /// changed; gives a library thread its blocked signals back.
+    /// changed.
     struct Inside {
         pid: u32,
-        mask: Option<libc::sigset_t>,
     }
     impl Drop for Inside {
         fn drop(&mut self) {
             let _ = IN_CALLER.try_with(|n| n.set(n.get().saturating_sub(1)));
-            if let Some(mask) = &self.mask {
-                // SAFETY: `mask` is a valid set; the old mask is not wanted.
-                unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
-            }
             if std::process::id() != self.pid {
                 let _ = ORPHANED.try_with(|o| o.set(true));
             }
@@ -227,22 +218,8 @@ pub(crate) fn call_out<R>(callback: impl FnOnce() -> R) -> R {
     let _ = IN_CALLER.try_with(|n| n.set(n.get().saturating_add(1)));
     let _inside = Inside {
         pid: std::process::id(),
-        mask: program_signals(),
     };
     callback()
-}
-
-/// On a thread of the library (whose signals are blocked: see [`spawn_without_signals`]),
-/// sets the signal mask of the program's thread that started it, for caller code about to
-/// run there (a process it starts, or a thread, inherits that mask, not the library's),
-/// and returns the library's mask to put back. `None` elsewhere.
-fn program_signals() -> Option<libc::sigset_t> {
-    let program = PROGRAM_MASK.try_with(std::cell::Cell::get).ok().flatten()?;
-    // SAFETY: both sets are valid for the call; `library` is written by it.
-    unsafe {
-        let mut library: libc::sigset_t = std::mem::zeroed();
-        (libc::pthread_sigmask(libc::SIG_SETMASK, &program, &mut library) == 0).then_some(library)
-    }
 }
 
 /// A closure (or other value) the caller gave the library, dropped as caller code: its
@@ -387,13 +364,13 @@ impl Drop for ApiCall {
 /// Runs `spawn` (which starts a thread of the library) with every asynchronous signal
 /// blocked on the calling thread, so that the new thread starts, and stays, with them
 /// blocked: the program's signal handlers never run on the library's threads (where a
-/// handler that forked, or that longjmp'd, would go on with a renewal in a child), and
-/// a signal for the process goes to a thread of the program. Signals raised by a fault
-/// (`SIGSEGV`, `SIGBUS`, `SIGFPE`, `SIGILL`, `SIGTRAP`, `SIGSYS`) stay unblocked. `spawn`
-/// gets the program's mask, which the new thread gives [`library_thread`] first thing
-/// (caller code runs with it there). The caller's mask is back when this returns; a signal
-/// that came meanwhile is delivered then.
-pub(crate) fn spawn_without_signals<R>(spawn: impl FnOnce(ProgramMask) -> R) -> R {
+/// handler that forked, or that longjmp'd, would go on with a renewal in a child), and a
+/// signal for the process goes to a thread of the program (also one the program reads
+/// with `sigwait` or a `signalfd` after blocking it everywhere). Callbacks the library
+/// runs there run with that mask too. Signals raised by a fault (`SIGSEGV`, `SIGBUS`,
+/// `SIGFPE`, `SIGILL`, `SIGTRAP`, `SIGSYS`) stay unblocked. The caller's mask is back
+/// when this returns; a signal that came meanwhile is delivered then.
+pub(crate) fn spawn_without_signals<R>(spawn: impl FnOnce() -> R) -> R {
     // SAFETY: sigset_t is plain data that sigfillset/sigdelset initialise; pthread_sigmask
     // reads `all` and writes `old`, both valid for the call.
     unsafe {
@@ -411,27 +388,12 @@ pub(crate) fn spawn_without_signals<R>(spawn: impl FnOnce(ProgramMask) -> R) -> 
             libc::sigdelset(&mut all, fault);
         }
         let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0;
-        // A thread of the library starting another passes on its program's mask.
-        let program = PROGRAM_MASK
-            .try_with(std::cell::Cell::get)
-            .ok()
-            .flatten()
-            .or(blocked.then_some(old));
-        let result = spawn(ProgramMask(program));
+        let result = spawn();
         if blocked {
             libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         }
         result
     }
-}
-
-/// The signal mask of the program's thread that started a thread of the library.
-#[derive(Clone, Copy)]
-pub(crate) struct ProgramMask(Option<libc::sigset_t>);
-
-/// Called first thing on a thread started by [`spawn_without_signals`].
-pub(crate) fn library_thread(mask: ProgramMask) {
-    let _ = PROGRAM_MASK.try_with(|m| m.set(mask.0));
 }
 
 /// The error of a call [`orphaned`] by a fork during it (in a callback or a drop).

@@ -290,14 +290,11 @@ fn spawn(job: Job, process: Process) -> Result<Arc<Worker>> {
         process,
     });
     let me = worker.clone();
-    process::spawn_without_signals(|mask| {
+    process::spawn_without_signals(|| {
         thread::Builder::new()
             .name("redlease-renew".into())
             .stack_size(128 * 1024)
-            .spawn(move || {
-                process::library_thread(mask);
-                work(&me)
-            })
+            .spawn(move || work(&me))
     })
     .map_err(|e| {
         Error::new(

@@ -111,14 +111,11 @@ impl Batcher {
             queue.running = true;
             drop(queue);
             let thread_batcher = batcher.clone();
-            let started = crate::process::spawn_without_signals(|mask| {
+            let started = crate::process::spawn_without_signals(|| {
                 thread::Builder::new()
                     .name("redlease-batch".into())
                     .stack_size(128 * 1024)
-                    .spawn(move || {
-                        crate::process::library_thread(mask);
-                        serve(&thread_batcher, conduit, io)
-                    })
+                    .spawn(move || serve(&thread_batcher, conduit, io))
             });
             if let Err(e) = started {
                 let failed = Error::new(

@@ -110,14 +110,11 @@ fn checkout_all<'a>(nodes: &'a [Result<Arc<Node>>], how: &Exec<'_>) -> Vec<Resul
             .map(|node| {
                 let connects = node.as_ref().is_ok_and(|n| !n.has_idle(how.lane));
                 let thread = connects.then(|| {
-                    crate::process::spawn_without_signals(|mask| {
+                    crate::process::spawn_without_signals(|| {
                         std::thread::Builder::new()
                             .name("redlease-connect".into())
                             .stack_size(128 * 1024)
-                            .spawn_scoped(scope, move || {
-                                crate::process::library_thread(mask);
-                                take(node)
-                            })
+                            .spawn_scoped(scope, move || take(node))
                     })
                 });
                 match thread {
