@@ -267,11 +267,10 @@ pub(crate) fn orphaned() -> bool {
 /// failed is its own.
 pub(crate) struct ApiCall {
     outermost: bool,
-    /// The thread's bookkeeping of its parent's call (depth, generation, mark, caller
-    /// code), when this is a child's own call made from inside it (see
+    /// The thread's bookkeeping of its parent's call (depth, generation, mark), when this is a child's own call made from inside it (see
     /// [`ApiCall::enter`]): put back at the end, so that the parent's call stays failed in
     /// the child.
-    saved: Option<(u32, u64, bool, u32)>,
+    saved: Option<(u32, u64, bool)>,
     /// The caller code the thread was inside when this call began (a callback that made
     /// it), put back at the end: inside the call, only its own callbacks count.
     in_caller: u32,
@@ -289,24 +288,22 @@ impl ApiCall {
         let started = CALL_GENERATION
             .try_with(std::cell::Cell::get)
             .unwrap_or(NO_CALL);
-        let in_caller = IN_CALLER.try_with(std::cell::Cell::get).unwrap_or(0);
+        // A callback that made this call is not one of its own: a fork in it, or in one
+        // around it, is no reason for what this call does next to be the child's.
+        let in_caller = IN_CALLER.try_with(|n| n.replace(0)).unwrap_or(0);
         if started != NO_CALL && started != generation() && in_caller > 0 {
             let saved = (
                 DEPTH.try_with(|d| d.replace(1)).unwrap_or(1),
                 started,
                 ORPHANED.try_with(|o| o.replace(false)).unwrap_or(false),
-                IN_CALLER.try_with(|n| n.replace(0)).unwrap_or(0),
             );
             let _ = CALL_GENERATION.try_with(|g| g.set(generation()));
             return ApiCall {
                 outermost: true,
                 saved: Some(saved),
-                in_caller: 0,
+                in_caller,
             };
         }
-        // A callback that made this call is not one of its own: a fork in it, or in one
-        // around it, is no reason for what this call does next to be the child's.
-        let in_caller = IN_CALLER.try_with(|n| n.replace(0)).unwrap_or(0);
         let depth = DEPTH
             .try_with(|d| d.replace(d.get().saturating_add(1)))
             .unwrap_or(1);
@@ -345,15 +342,14 @@ pub(crate) fn api_call<T>(
 
 impl Drop for ApiCall {
     fn drop(&mut self) {
-        if let Some((depth, started, orphaned, in_caller)) = self.saved {
+        let _ = IN_CALLER.try_with(|n| n.set(self.in_caller));
+        if let Some((depth, started, orphaned)) = self.saved {
             let _ = DEPTH.try_with(|d| d.set(depth));
             let _ = CALL_GENERATION.try_with(|g| g.set(started));
             let _ = ORPHANED.try_with(|o| o.set(orphaned));
-            let _ = IN_CALLER.try_with(|n| n.set(in_caller));
             return;
         }
         let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
-        let _ = IN_CALLER.try_with(|n| n.set(self.in_caller));
         if self.outermost {
             let _ = ORPHANED.try_with(|o| o.set(false));
             let _ = CALL_GENERATION.try_with(|g| g.set(NO_CALL));
