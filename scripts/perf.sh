@@ -3,20 +3,22 @@
 # run, rep by rep in turn, and writes the table between the README's perf markers.
 #
 #   scripts/perf.sh [--base REV] [--reps N] [--duration S] [--w3-locks N,M] [--w3-secs S]
-#                   [--no-write]
+#                   [--no-cluster] [--no-write]
 #
-# --base      the commit to compare with (default HEAD~1); built in target/perf/<sha>
-# --reps      how many times each of the two benchmark programs runs (default 3)
-# --no-write  print the table and leave README.md alone
+# --base        the commit to compare with (default HEAD~1); built in target/perf/<sha>
+# --reps        how many times each of the two benchmark programs runs (default 3)
+# --no-cluster  skip W1 and W2 on a 3-primary cluster (run after each single-server run)
+# --no-write    print the table and leave README.md alone
 #
 # Each run of examples/bench measures its own floor beside the library (see that file), so
 # every figure is a ratio in one run; the table gives the median over the reps with the
-# spread (min-max). The machine should be otherwise idle: timings are the machine's too.
-# About 4 minutes per rep with the defaults. Raw JSON lines: target/perf/results.jsonl.
+# spread (min-max). The cluster's figures are set against the same commit's single-server
+# figures of the same rep. The machine should be otherwise idle: timings are the machine's
+# too. About 5 minutes per rep with the defaults. Raw JSON lines: target/perf/results.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-base=HEAD~1 reps=3 duration=2 w3_locks=200,1000 w3_secs=15 write=yes
+base=HEAD~1 reps=3 duration=2 w3_locks=200,1000 w3_secs=15 cluster=yes write=yes
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) base=$2; shift 2 ;;
@@ -24,6 +26,7 @@ while [ $# -gt 0 ]; do
     --duration) duration=$2; shift 2 ;;
     --w3-locks) w3_locks=$2; shift 2 ;;
     --w3-secs) w3_secs=$2; shift 2 ;;
+    --no-cluster) cluster=no; shift ;;
     --no-write) write=no; shift ;;
     *) echo "usage: see the comment at the top of $0" >&2; exit 2 ;;
   esac
@@ -50,6 +53,11 @@ results="$out/results.jsonl"
 run() { # label tree
   "$2/target/release/examples/bench" "${args[@]}" \
     | sed "s/^{/{\"commit\": \"$1\", \"rep\": $rep, /" >> "$results"
+  if [ "$cluster" = yes ]; then
+    "$2/target/release/examples/bench" --cluster --only w1,w2 --python none --redlock none \
+        --reps 1 --duration "$duration" \
+      | sed "s/^{/{\"commit\": \"$1\", \"rep\": $rep, \"cluster\": 1, /" >> "$results"
+  fi
 }
 for rep in $(seq 1 "$reps"); do
   # Alternate which one goes first, so that neither always runs on a warmer machine.

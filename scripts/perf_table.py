@@ -28,9 +28,7 @@ def values(rows, commit, match, key):
     for r in rows:
         if r.get("commit") != commit or not match(r):
             continue
-        v = r
-        for part in key.split("."):
-            v = v.get(part) if isinstance(v, dict) else None
+        v = dig(r, key)
         if key == "cpu_ratio_to_reference":
             # Older benchmarks give the two figures, not their ratio.
             ours = r.get("cpu_percent_of_one_core")
@@ -51,10 +49,17 @@ def cell(vs, fmt):
     return f"{fmt.format(med)} [{fmt.format(vs[0])}-{fmt.format(vs[-1])}]"
 
 
-def workload(prefix, **fields):
+def workload(prefix, cluster=False, **fields):
+    """Rows of the workload whose name begins with ``prefix`` (and whose fields equal
+    ``fields``), on one server or, with ``cluster``, on the 3-primary cluster."""
+
     def match(r):
         w = r.get("workload", "")
-        return w.startswith(prefix) and all(r.get(k) == v for k, v in fields.items())
+        return (
+            w.startswith(prefix)
+            and bool(r.get("cluster")) == cluster
+            and all(r.get(k) == v for k, v in fields.items())
+        )
 
     return match
 
@@ -62,9 +67,38 @@ def workload(prefix, **fields):
 def ends(prefix, ms):
     def match(r):
         w = r.get("workload", "")
-        return w.startswith(prefix) and w.endswith(f" {ms} ms critical section")
+        return (
+            w.startswith(prefix)
+            and w.endswith(f" {ms} ms critical section")
+            and not r.get("cluster")
+        )
 
     return match
+
+
+def on_cluster(rows, commit, prefix, key, rate):
+    """Per rep, the cluster's figure ``key`` of workload ``prefix`` ÷ the single server's
+    of the same rep; ``rate``: the figure is a rate (else a time per cycle, inverted)."""
+    out = []
+    for r in rows:
+        if r.get("commit") != commit or not r.get("cluster") or not r.get("workload", "").startswith(prefix):
+            continue
+        single = [
+            s for s in rows
+            if s.get("commit") == commit and s.get("rep") == r.get("rep")
+            and not s.get("cluster") and s.get("workload") == r.get("workload")
+        ]
+        a, b = dig(r, key), dig(single[0], key) if single else None
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0:
+            out.append(a / b if rate else b / a)
+    return out
+
+
+def dig(row, key):
+    v = row
+    for part in key.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return v
 
 
 def machine():
@@ -97,6 +131,7 @@ def main():
     w1 = workload("W1 uncontended")
     w1py = workload("W1 from Python")
     w2 = lambda ms: workload(f"W2 contended, 8 threads, {ms} ms")  # noqa: E731
+    w2c = lambda ms: workload(f"W2 contended, 8 threads, {ms} ms", cluster=True)  # noqa: E731
     w2py = workload("W2 from Python threads")
     sem = lambda ms: ends("semaphore", ms)  # noqa: E731
     rw = lambda ms: ends("read-write", ms)  # noqa: E731
@@ -133,6 +168,14 @@ def main():
         ("W3 1000 locks, CPU ÷ idle thread-per-lock", w3(1000), "cpu_ratio_to_reference", "{:.2f}"),
         ("W3 1000 locks, renewal lateness p99, ms", w3(1000), "renewal_lateness_p99_ms", "{:.0f}"),
         ("W3 1000 locks, locks lost", w3(1000), "lost", "{:.0f}"),
+        # The same commit on a 3-primary cluster, right after its single-server run.
+        ("Cluster W1 Rust / C, cycles/s ÷ one server's", "W1 uncontended", "rust_cycle_us", "cluster-time"),
+        ("", "W1 uncontended", "c_abi_cycle_us", "cluster-time"),
+        ("Cluster W1 floor, cycles/s ÷ one server's", "W1 uncontended", "floor_cycle_us", "cluster-time"),
+        ("Cluster W2 0 ms / 1 ms, acquisitions/s ÷ one server's", "W2 contended, 8 threads, 0 ms", "redlease.acquisitions_per_s", "cluster-rate"),
+        ("", "W2 contended, 8 threads, 1 ms", "redlease.acquisitions_per_s", "cluster-rate"),
+        ("Cluster W2 0 ms / 1 ms, fairness", w2c(0), "redlease.fairness_min_over_max", "{:.2f}"),
+        ("", w2c(1), "redlease.fairness_min_over_max", "{:.3f}"),
     ]
     out = [
         f"Measured {datetime.date.today().isoformat()} by `scripts/perf.sh` ({reps} reps of "
@@ -147,12 +190,16 @@ def main():
     for label, match, key, fmt in lines:
         cells = []
         for commit in (head, base):
-            vs = values(rows, commit, match, key)
-            if fmt == "inv":
+            if fmt.startswith("cluster-"):
+                # `match` is the workload's name: the cluster's figure ÷ one server's.
+                vs = on_cluster(rows, commit, match, key, rate=fmt == "cluster-rate")
+                fmt_ = "{:.2f}"
+            elif fmt == "inv":
                 # The benchmark gives cycle time ÷ the floor's; a rate ratio is its inverse.
-                vs = [1.0 / v for v in vs if v > 0]
+                vs = [1.0 / v for v in values(rows, commit, match, key) if v > 0]
                 fmt_ = "{:.2f}"
             else:
+                vs = values(rows, commit, match, key)
                 fmt_ = fmt
             cells.append(cell(vs, fmt_))
         if label == "":
