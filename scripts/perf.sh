@@ -3,10 +3,12 @@
 # run, rep by rep in turn, and writes the table between the README's perf markers.
 #
 #   scripts/perf.sh [--base REV] [--reps N] [--duration S] [--w3-locks N,M] [--w3-secs S]
-#                   [--no-cluster] [--no-write]
+#                   [--python PY] [--no-cluster] [--no-write]
 #
 # --base        the commit to compare with (default HEAD~1); built in target/perf/<sha>
 # --reps        how many times each of the two benchmark programs runs (default 3)
+# --python      the Python that runs the Python figures (default python3); with redis-py
+#               installed there, redis-py's Lock is measured beside the package
 # --no-cluster  skip W1 and W2 on a 3-primary cluster (run after each single-server run)
 # --no-write    print the table and leave README.md alone
 #
@@ -18,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-base=HEAD~1 reps=3 duration=2 w3_locks=200,1000 w3_secs=15 cluster=yes write=yes
+base=HEAD~1 reps=3 duration=2 w3_locks=200,1000 w3_secs=15 python=python3 cluster=yes write=yes
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) base=$2; shift 2 ;;
@@ -26,6 +28,7 @@ while [ $# -gt 0 ]; do
     --duration) duration=$2; shift 2 ;;
     --w3-locks) w3_locks=$2; shift 2 ;;
     --w3-secs) w3_secs=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
     --no-cluster) cluster=no; shift ;;
     --no-write) write=no; shift ;;
     *) echo "usage: see the comment at the top of $0" >&2; exit 2 ;;
@@ -47,7 +50,7 @@ fi
 (cd "$base_tree" && cargo build --quiet --release --lib --example bench)
 
 args=(--reps 1 --duration "$duration" --w3-locks "$w3_locks" --w3-secs "$w3_secs"
-      --redlock 3,5 --python python3)
+      --redlock 3,5 --python "$python")
 results="$out/results.jsonl"
 : > "$results"
 run() { # label tree

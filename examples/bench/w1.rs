@@ -297,9 +297,11 @@ impl Variant {
     }
 }
 
-/// W1 from Python threads, bracketed by floor measurements, once per rep.
+/// W1 from Python threads, bracketed by floor measurements, once per rep; with redis-py's
+/// `Lock` beside it when that Python has redis-py.
 fn python_w1(bench: &Bench, py: &str) {
     let (mut cycles, mut ratios) = (Vec::new(), Vec::new());
+    let (mut peer_cycles, mut peer_ratios) = (Vec::new(), Vec::new());
     for _ in 0..bench.cfg.reps {
         let before = floor_us(bench);
         let Some(fields) = python::run(bench, py, "w1", 1) else {
@@ -309,13 +311,19 @@ fn python_w1(bench: &Bench, py: &str) {
         let cycle = fields.get("cycle_us").copied().unwrap_or(f64::NAN);
         cycles.push(cycle);
         ratios.push(cycle / floor);
+        if let Some(peer) = fields.get("redis_py_lock_cycle_us") {
+            peer_cycles.push(*peer);
+            peer_ratios.push(peer / floor);
+        }
     }
-    println!(
-        "{}",
-        Json::default()
-            .str("workload", "W1 from Python")
-            .spread("python_cycle_us", Spread::of(&cycles))
-            .spread("python_ratio_to_floor", Spread::of(&ratios))
-            .render()
-    );
+    let mut json = Json::default()
+        .str("workload", "W1 from Python")
+        .spread("python_cycle_us", Spread::of(&cycles))
+        .spread("python_ratio_to_floor", Spread::of(&ratios));
+    if peer_cycles.len() == cycles.len() {
+        json = json
+            .spread("redis_py_lock_cycle_us", Spread::of(&peer_cycles))
+            .spread("redis_py_lock_ratio_to_floor", Spread::of(&peer_ratios));
+    }
+    println!("{}", json.render());
 }

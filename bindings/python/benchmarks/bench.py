@@ -11,15 +11,47 @@ import time
 import redlease
 
 
-def w1(client, duration):
-    for _ in range(200):
+def w1(client, url, duration):
+    """Cycles of acquire + release through the package; with redis-py installed, also of
+    redis-py's ``Lock`` (``SET NX PX`` and its release script, no fencing token, no
+    renewal) on the same server, in alternating slices of 200 ms so that the machine's
+    drift hits both alike."""
+
+    def ours():
         client.acquire("bench:py:w1", wait=0).release()
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < duration:
-        for _ in range(50):
-            client.acquire("bench:py:w1", wait=0).release()
-        n += 50
-    return {"cycle_us": (time.perf_counter() - start) * 1e6 / n, "cycles": n}
+
+    def redis_py():
+        lock = peer.lock("bench:py:w1:redis-py", timeout=30)
+        lock.acquire(blocking=False)
+        lock.release()
+
+    loops = [("cycle_us", ours)]
+    try:
+        import redis
+
+        peer = redis.Redis.from_url(url)
+        for _ in range(200):
+            redis_py()
+        loops.append(("redis_py_lock_cycle_us", redis_py))
+    except Exception as e:  # noqa: BLE001 (no redis-py, or it cannot reach this server)
+        print(f"bench.py: redis-py's Lock not measured: {e!r}", file=sys.stderr)
+    spent = {name: [0.0, 0] for name, _ in loops}
+    for _ in range(200):
+        ours()
+    end = time.perf_counter() + duration * len(loops)
+    while time.perf_counter() < end:
+        for name, f in loops:
+            start = time.perf_counter()
+            n = 0
+            while time.perf_counter() - start < 0.2:
+                for _ in range(10):
+                    f()
+                n += 10
+            spent[name][0] += time.perf_counter() - start
+            spent[name][1] += n
+    result = {name: t * 1e6 / n for name, (t, n) in spent.items()}
+    result["cycles"] = spent["cycle_us"][1]
+    return result
 
 
 def w2(client, duration, threads):
@@ -69,7 +101,7 @@ def w2(client, duration, threads):
 def main():
     workload, url, duration, threads = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     with redlease.Client(url) as client:
-        result = w1(client, duration) if workload == "w1" else w2(client, duration, threads)
+        result = w1(client, url, duration) if workload == "w1" else w2(client, duration, threads)
     print(json.dumps(result))
 
 
