@@ -143,6 +143,7 @@ def main():
         ("W1 C ABI, cycles/s ÷ floor's", w1, "c_abi_ratio_to_floor", "inv"),
         ("W1 Python, cycles/s ÷ floor's", w1py, "python_ratio_to_floor", "inv"),
         ("W1 Python, redis-py's `Lock` (peer), cycles/s ÷ floor's", w1py, "redis_py_lock_ratio_to_floor", "inv"),
+        ("W1 Python, `redlease.redis_py.Lock` (drop-in), cycles/s ÷ floor's", w1py, "drop_in_ratio_to_floor", "inv"),
         ("W1 floor cycle, µs", w1, "floor_cycle_us", "{:.0f}"),
         ("W1 server CPU per cycle, µs: floor / Rust", w1, "floor_server_cpu_us_per_cycle", "{:.1f}"),
         ("", w1, "rust_server_cpu_us_per_cycle", "{:.1f}"),

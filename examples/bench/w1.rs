@@ -298,10 +298,11 @@ impl Variant {
 }
 
 /// W1 from Python threads, bracketed by floor measurements, once per rep; with redis-py's
-/// `Lock` beside it when that Python has redis-py.
+/// `Lock`, and the package's drop-in for it, beside it when that Python has redis-py.
 fn python_w1(bench: &Bench, py: &str) {
     let (mut cycles, mut ratios) = (Vec::new(), Vec::new());
     let (mut peer_cycles, mut peer_ratios) = (Vec::new(), Vec::new());
+    let (mut drop_in_cycles, mut drop_in_ratios) = (Vec::new(), Vec::new());
     for _ in 0..bench.cfg.reps {
         let before = floor_us(bench);
         let Some(fields) = python::run(bench, py, "w1", 1) else {
@@ -315,6 +316,10 @@ fn python_w1(bench: &Bench, py: &str) {
             peer_cycles.push(*peer);
             peer_ratios.push(peer / floor);
         }
+        if let Some(drop_in) = fields.get("drop_in_cycle_us") {
+            drop_in_cycles.push(*drop_in);
+            drop_in_ratios.push(drop_in / floor);
+        }
     }
     let mut json = Json::default()
         .str("workload", "W1 from Python")
@@ -324,6 +329,11 @@ fn python_w1(bench: &Bench, py: &str) {
         json = json
             .spread("redis_py_lock_cycle_us", Spread::of(&peer_cycles))
             .spread("redis_py_lock_ratio_to_floor", Spread::of(&peer_ratios));
+    }
+    if drop_in_cycles.len() == cycles.len() {
+        json = json
+            .spread("drop_in_cycle_us", Spread::of(&drop_in_cycles))
+            .spread("drop_in_ratio_to_floor", Spread::of(&drop_in_ratios));
     }
     println!("{}", json.render());
 }

@@ -14,8 +14,9 @@ import redlease
 def w1(client, url, duration):
     """Cycles of acquire + release through the package; with redis-py installed, also of
     redis-py's ``Lock`` (``SET NX PX`` and its release script, no fencing token, no
-    renewal) on the same server, in alternating slices of 200 ms so that the machine's
-    drift hits both alike."""
+    renewal) and of the package's drop-in for it (``lock_class=redlease.redis_py.Lock``)
+    through a redis-py client of the same server, in alternating slices of 200 ms so that
+    the machine's drift hits them alike."""
 
     def ours():
         client.acquire("bench:py:w1", wait=0).release()
@@ -25,14 +26,23 @@ def w1(client, url, duration):
         lock.acquire(blocking=False)
         lock.release()
 
+    def drop_in():
+        lock = peer.lock("bench:py:w1:drop-in", lock_class=DropInLock, timeout=30)
+        lock.acquire(blocking=False)
+        lock.release()
+
     loops = [("cycle_us", ours)]
     try:
         import redis
 
+        from redlease.redis_py import Lock as DropInLock
+
         peer = redis.Redis.from_url(url)
         for _ in range(200):
             redis_py()
+            drop_in()
         loops.append(("redis_py_lock_cycle_us", redis_py))
+        loops.append(("drop_in_cycle_us", drop_in))
     except Exception as e:  # noqa: BLE001 (no redis-py, or it cannot reach this server)
         print(f"bench.py: redis-py's Lock not measured: {e!r}", file=sys.stderr)
     spent = {name: [0.0, 0] for name, _ in loops}
