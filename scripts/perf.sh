@@ -16,7 +16,7 @@
 # every figure is a ratio in one run; the table gives the median over the reps with the
 # spread (min-max). The cluster's figures are set against the same commit's single-server
 # figures of the same rep. The machine should be otherwise idle: timings are the machine's
-# too. About 5 minutes per rep with the defaults. Raw JSON lines: target/perf/results.jsonl.
+# too. About 7 minutes per rep with the defaults. Raw JSON lines: target/perf/results.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
