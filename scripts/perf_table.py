@@ -81,7 +81,8 @@ def on_cluster(rows, commit, prefix, key, rate):
     of the same rep; ``rate``: the figure is a rate (else a time per cycle, inverted)."""
     out = []
     for r in rows:
-        if r.get("commit") != commit or not r.get("cluster") or not r.get("workload", "").startswith(prefix):
+        on_it = r.get("commit") == commit and r.get("cluster")
+        if not on_it or not r.get("workload", "").startswith(prefix):
             continue
         single = [
             s for s in rows

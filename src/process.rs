@@ -267,9 +267,9 @@ pub(crate) fn orphaned() -> bool {
 /// failed is its own.
 pub(crate) struct ApiCall {
     outermost: bool,
-    /// The thread's bookkeeping of its parent's call (depth, generation, mark), when this is a child's own call made from inside it (see
-    /// [`ApiCall::enter`]): put back at the end, so that the parent's call stays failed in
-    /// the child.
+    /// The thread's bookkeeping of its parent's call (depth, generation, mark), when this
+    /// is a child's own call made from inside it (see [`ApiCall::enter`]): put back at the
+    /// end, so that the parent's call stays failed in the child.
     saved: Option<(u32, u64, bool)>,
     /// The caller code the thread was inside when this call began (a callback that made
     /// it), put back at the end: inside the call, only its own callbacks count.
