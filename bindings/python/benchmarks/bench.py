@@ -37,7 +37,7 @@ def w1(client, url, duration):
 
         from redlease.redis_py import Lock as DropInLock
 
-        peer = redis.Redis.from_url(url)
+        peer = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
         for _ in range(200):
             redis_py()
             drop_in()
