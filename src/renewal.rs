@@ -514,3 +514,28 @@ fn renew(lease: &Arc<Lease>, me: &Arc<Worker>, job: u64) -> Option<Instant> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A renewal is never moved earlier by the grid, and later by less than one step: with
+    /// the timer slack of the same size, a renewal goes out at most about two steps (30 ms
+    /// at most) after a third of the lease, besides batching and scheduling.
+    #[test]
+    fn the_grid_moves_a_renewal_later_by_less_than_one_step() {
+        let grid = coalescing(Duration::from_secs(1));
+        assert_eq!(grid, Duration::from_millis(15));
+        let base = Instant::now();
+        for us in (0..40_000u64).step_by(977) {
+            let at = base + Duration::from_micros(us);
+            let moved = on_grid(at, grid);
+            assert!(
+                moved >= at && moved - at < grid,
+                "{us} µs: {:?}",
+                moved - at
+            );
+            assert_eq!(on_grid(moved, grid), moved);
+        }
+    }
+}

@@ -210,3 +210,31 @@ fn braced_and_plain_names_share_only_an_increasing_fencing_counter() {
     let counters: Vec<String> = server.cmd(&["KEYS", "redlease:fence:*"]);
     assert_eq!(counters, vec!["redlease:fence:{x}".to_owned()]);
 }
+
+/// What the shared counter changes: `adopt` and `inspect` read the counter, so for one of
+/// the two names they report the last token either drew, which may be the other name's.
+/// Fencing stays sound: that token is above every token of an earlier acquisition of
+/// either name and below every later one.
+#[test]
+fn adopt_and_inspect_of_one_name_report_the_shared_counters_last_token() {
+    let server = RedisServer::start();
+    let client = Client::open(&server.url()).unwrap();
+    let plain = client
+        .lock("y")
+        .renew(false)
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .unwrap();
+    let braced = client.lock("{y}").try_acquire().unwrap();
+    let last = braced.fencing_token();
+    assert!(last > plain.fencing_token());
+    let adopted = client.adopt("y", plain.token()).unwrap();
+    assert_eq!(adopted.fencing_token(), last);
+    let info = client.inspect("y").unwrap();
+    assert_eq!(info.fencing_token, Some(last));
+    adopted.abandon();
+    plain.release().unwrap();
+    braced.release().unwrap();
+    let next = client.lock("y").try_acquire().unwrap();
+    assert!(next.fencing_token() > last);
+}

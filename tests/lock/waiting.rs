@@ -1,7 +1,7 @@
 //! Waiting for a held lock: a waiter blocks on the server and is woken by the release (or
 //! gets the lock when a crashed holder's lease expires), waiters are handed the lock in the
-//! order they blocked, each with the ttl it asked for, and waiting works with the shortest
-//! I/O timeout. What could go wrong in a handoff does not make two holders nor block a lock
+//! order their registrations lapse (the order they blocked, for equal I/O timeouts), each
+//! with the ttl it asked for, and waiting works with the shortest I/O timeout. What could go wrong in a handoff does not make two holders nor block a lock
 //! for long: a stale wake-up is not a grant, a handed-over lease is never believed past the
 //! key's expiry, a grant nobody takes and the registrations of vanished waiters lapse
 //! within a waiter's grace, and many waiters giving up at the release leave the lock held
@@ -146,6 +146,54 @@ fn fifo_round(server: &RedisServer, client: &Client, name: &str) -> Option<Vec<u
     // Each waiter was handed the lock by its single blocking wait, or the round is void.
     let order = order.lock().unwrap().clone();
     (blocked == start + 4 && server.calls("blpop") == blocked).then_some(order)
+}
+
+/// The queue is ordered by when each registration lapses (the server's time when the
+/// waiter's current round registered, plus its grace: its I/O timeout + 0.5 s), not by when
+/// the waiter began to wait: a waiter with a shorter I/O timeout that blocks later is
+/// handed the lock before one whose registration lapses later.
+#[test]
+fn a_release_serves_the_registration_that_lapses_first_not_the_longest_waiter() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = client(&url)
+        .lock("lapse-order")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let start = server.calls("blpop");
+    let mut waiters = Vec::new();
+    // The first waiter's grace is 5.5 s, the second's 1 s.
+    for (i, io_ms) in [(0, 5000), (1, 500)] {
+        let (url, order) = (url.clone(), order.clone());
+        waiters.push(std::thread::spawn(move || {
+            let client = Client::with_options(&url, options_ms(io_ms, 500)).unwrap();
+            let guard = client
+                .lock("lapse-order")
+                .acquire_timeout(Duration::from_secs(30))
+                .unwrap();
+            order.lock().unwrap().push(i);
+            guard.release().unwrap();
+        }));
+        assert!(eventually(Duration::from_secs(5), || {
+            server.calls("blpop") > start + i as u64
+        }));
+    }
+    // Both are registered; the later one's registration lapses first.
+    let queue: Vec<(String, f64)> = server.cmd(&[
+        "ZRANGE",
+        "redlease:queue:{lapse-order}",
+        "0",
+        "-1",
+        "WITHSCORES",
+    ]);
+    assert_eq!(queue.len(), 2, "{queue:?}");
+    holder.release().unwrap();
+    for w in waiters {
+        w.join().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![1, 0]);
 }
 
 #[test]
