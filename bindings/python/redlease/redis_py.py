@@ -41,7 +41,6 @@ of redis-py's exception of that name and of :class:`redlease.RedleaseError`.
 import atexit
 import threading
 import weakref
-from types import SimpleNamespace
 from typing import Any, Optional, Type, Union
 
 import redis.exceptions
@@ -171,6 +170,47 @@ _HELD: "weakref.WeakSet[Any]" = weakref.WeakSet()
 atexit.register(each_at_exit, _HELD, lambda native: native._abandon())
 
 
+# `_Local.token` of a holding whose token was not read yet.
+_UNREAD: Any = object()
+
+
+class _Local:
+    """redis-py's ``lock.local`` without ``thread_local``: ``token`` (the key's value while
+    held, as bytes; None when not held) and the holding. A holding's token is read from the
+    library when first read: an acquire and release that never look at it cost one library
+    call less. Assigning ``token`` works as in redis-py."""
+
+    def __init__(self) -> None:
+        self.held: Optional[_Holding] = None
+        self._token: Any = None
+
+    @property
+    def token(self) -> Optional[bytes]:
+        token = self._token
+        if token is _UNREAD:
+            holding = self.held
+            native = holding.native if holding is not None else None
+            try:
+                token = native.token.encode("utf-8") if native is not None else None
+            except InvalidHandleError:
+                return None  # released with its client, unread
+            self._token = token
+        return token
+
+    @token.setter
+    def token(self, value: Optional[bytes]) -> None:
+        self._token = value
+
+    def took(self, holding: "_Holding") -> None:
+        """``holding`` is the current one; its token is read when first wanted."""
+        self._token = _UNREAD
+        self.held = holding
+
+
+class _ThreadLocal(_Local, threading.local):
+    """:class:`_Local`, one per thread (redis-py's ``thread_local=True``)."""
+
+
 def _name_text(name: Any) -> str:
     return name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
 
@@ -202,9 +242,7 @@ class _Base:
             _args.seconds(blocking_timeout, "blocking_timeout")
         self.thread_local = bool(thread_local)
         self.raise_on_release_error = raise_on_release_error
-        self.local: Any = threading.local() if self.thread_local else SimpleNamespace()
-        self.local.token = None
-        self.local.held = None
+        self.local: Any = _ThreadLocal() if self.thread_local else _Local()
         self._client = Client.from_redis(redis)
 
     def _wait(self, blocking: Optional[bool], blocking_timeout: Optional[Number]) -> Optional[float]:
@@ -245,8 +283,7 @@ class _Base:
     def _took(self, native: Any) -> None:
         native._abandon_when_dropped = True
         _HELD.add(native)
-        self.local.held = _Holding(native)
-        self.local.token = native.token.encode("utf-8")
+        self.local.took(_Holding(native))
 
     def _forget(self) -> Any:
         """Ends this thread's holding here: returns its native lock, to release."""
@@ -256,7 +293,8 @@ class _Base:
         return holding.take() if holding is not None else None
 
     def _check_held(self, doing: str) -> Any:
-        if self._token() is None or self._held() is None:
+        # `_token`, not `token`: an unread token is not None, and need not be read here.
+        if getattr(self.local, "_token", None) is None or self._held() is None:
             raise LockError(f"Cannot {doing} an unlocked lock", lock_name=_name_text(self.name))
         if not self.timeout:
             raise LockError(

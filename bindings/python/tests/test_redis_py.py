@@ -311,6 +311,41 @@ def test_without_thread_local_another_thread_may_release(rb):
     assert rb.get("foo") is None
 
 
+@pytest.mark.parametrize("thread_local", [True, False])
+def test_local_token_is_the_keys_value_when_first_read_and_may_be_assigned(rb, thread_local):
+    lock = get_lock(rb, "foo", timeout=30, thread_local=thread_local)
+    # A cycle that never looks at the token works as one that does.
+    assert lock.acquire(blocking=False)
+    lock.release()
+    assert lock.local.token is None
+    assert lock.acquire(blocking=False)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(lock.local.token))
+    t.start()
+    t.join()
+    # Another thread sees this thread's holding only without thread_local.
+    assert seen == [rb.get("foo") if not thread_local else None]
+    assert lock.local.token == rb.get("foo")
+    assert lock.extend(1)
+    # As in redis-py, a token assigned None makes the lock unlocked here.
+    lock.local.token = None
+    with pytest.raises(LockError, match="unlocked"):
+        lock.extend(1)
+    lock.local.token = rb.get("foo")
+    assert lock.owned()
+    lock.release()
+    assert rb.get("foo") is None and lock.local.token is None
+
+
+def test_an_unread_local_token_is_none_once_the_client_closed_the_lock(rb):
+    lock = get_lock(rb, "foo", timeout=30)
+    assert lock.acquire(blocking=False)
+    # What happens when the redis-py pool the shared client serves goes away.
+    lock._client._close_now()
+    assert lock.local.token is None
+    assert rb.get("foo") is None
+
+
 def test_errors_are_caught_by_redis_py_and_redlease_clauses_alike():
     assert issubclass(rp.LockError, redis.exceptions.LockError)
     assert issubclass(rp.LockError, redlease.RedleaseError)
