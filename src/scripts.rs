@@ -637,12 +637,13 @@ return 0
 });
 
 /// Helpers of the semaphore and read-write lock scripts: a registration of a waiter (as in
-/// [`ACQUIRE`]), the wake-up an attempt that leads a block and took a hold leaves on its
+/// [`ACQUIRE`]; `now`, the server's clock in ms, which the attempt has read already), the
+/// wake-up an attempt that leads a block and took a hold leaves on its
 /// own wake list (its last key, passed only then), and the wake-ups a release leaves for
 /// blocked waiters: added to those not popped yet (another release's), up to one per live
 /// registration.
 const WAITERS: &str = r"
-local function register(queue, token, member, direct, mode, lives, own, first)
+local function register(queue, token, member, direct, mode, lives, own, first, now)
   if mode == 3 then
     redis.call('ZREM', queue, token, direct)
   elseif mode ~= 0 then
@@ -650,7 +651,7 @@ local function register(queue, token, member, direct, mode, lives, own, first)
       -- What the block behind this attempt pops was pushed after it ran (see ACQUIRE).
       redis.call('DEL', own)
     end
-    redis.call('ZADD', queue, now_ms() + lives, member)
+    redis.call('ZADD', queue, now + lives, member)
     if redis.call('PTTL', queue) < lives then
       redis.call('PEXPIRE', queue, 2 * lives)
     end
@@ -729,7 +730,7 @@ if taken or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[6]) then
   wake_self(KEYS[5], ARGV[5])
   return {1, (next_fence(KEYS[2], clock, clock)), expiry - now, clock}
 end
-register(KEYS[4], token, member, direct, mode, tonumber(ARGV[5]), KEYS[5], ARGV[7] == '2')
+register(KEYS[4], token, member, direct, mode, tonumber(ARGV[5]), KEYS[5], ARGV[7] == '2', now)
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return busy(math.max(tonumber(first[2]) - now, 0), KEYS[5])
 "
@@ -880,7 +881,7 @@ if side == 'w' then
   if writer == token or redis.call('HLEN', KEYS[1]) == 0 then
     return granted('w', ' ' .. token)
   end
-  register(KEYS[4], token, member, direct, mode, tonumber(ARGV[5]), KEYS[7], ARGV[7] == '2')
+  register(KEYS[4], token, member, direct, mode, tonumber(ARGV[5]), KEYS[7], ARGV[7] == '2', now)
   if mode == 3 and not writer and redis.call('ZCOUNT', KEYS[4], now, '+inf') == 0 then
     -- This writer gave up, and no other waits: the readers it kept out may come in.
     wake(KEYS[6], KEYS[5], 64, tonumber(ARGV[5]))
@@ -890,7 +891,7 @@ else
   if again or (not writer and redis.call('ZCARD', KEYS[4]) == 0) then
     return granted('r:' .. token, '')
   end
-  register(KEYS[5], token, token, token, mode, tonumber(ARGV[5]), KEYS[7], false)
+  register(KEYS[5], token, token, token, mode, tonumber(ARGV[5]), KEYS[7], false, now)
 end
 return busy(first and math.max(first - now, 0) or -1, KEYS[7])
 "

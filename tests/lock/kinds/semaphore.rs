@@ -117,6 +117,78 @@ fn a_release_hands_its_permit_to_the_first_blocked_waiter() {
     next.release().unwrap();
 }
 
+/// A permit handed to a blocked waiter costs twenty-one server commands. Nine are the
+/// waiter's attempt with its block: the script, `TIME` (once: its registration uses the
+/// attempt's reading), `ZREMRANGEBYSCORE`, `ZSCORE`, `ZCARD`, `ZADD`, the queue's `PTTL`,
+/// `ZRANGE` and `BLPOP`. Twelve are the release that hands the permit over: the script,
+/// `ZSCORE` and `ZREM` (its permit), `TIME`, `ZRANGE` and `ZREM` (the first registration),
+/// the fencing counter's `SET ... GET`, `ZADD` (the waiter's permit), `RPUSH` and `PEXPIRE`
+/// (the waiter's own list), and the key's `PTTL` and `PEXPIRE`.
+#[test]
+fn a_permit_handed_to_a_blocked_waiter_costs_twenty_one_server_commands() {
+    let server = RedisServer::start();
+    let client = client(&server.url());
+    // The scripts cached (a first run's NOSCRIPT counts as a call).
+    client
+        .semaphore("warm", 1)
+        .try_acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+    // A first round of a wait lasts a quarter of a second or more: on a loaded machine the
+    // first waiter's may end inside the measured window, which is then run again.
+    for round in 0..3 {
+        if let Some(counts) = permit_handoff_counts(&server, &client, &format!("counted-{round}")) {
+            assert_eq!(
+                counts,
+                (9, 12),
+                "{}",
+                server.cmd::<String>(&["INFO", "commandstats"])
+            );
+            return;
+        }
+        eprintln!("round {round}: a waiter's block ended in the measured window; again");
+    }
+    panic!("every round had a waiter's block end in the measured window");
+}
+
+/// Commands run by a second waiter's attempt with its block, and by the release that hands
+/// the permit to the first waiter; `None` when anything else ran meanwhile.
+fn permit_handoff_counts(server: &RedisServer, client: &Client, name: &str) -> Option<(u64, u64)> {
+    let holder = client.semaphore(name, 1).try_acquire().unwrap();
+    let waiter = || {
+        let (client, name) = (client.clone(), name.to_owned());
+        let blocks = server.calls("blpop");
+        let waiter = std::thread::spawn(move || {
+            client
+                .semaphore(&name, 1)
+                .ttl(Duration::from_secs(2))
+                .renew(false)
+                .acquire_timeout(Duration::from_secs(20))
+                .unwrap()
+        });
+        assert!(eventually(Duration::from_secs(5), || {
+            server.calls("blpop") > blocks
+        }));
+        waiter
+    };
+    let scripts = || server.calls("evalsha") + server.calls("eval");
+    let first = waiter();
+    server.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    let second = waiter();
+    let attempt = server.commands_run();
+    let clean = scripts() == 1 && server.calls("time") == 1;
+    server.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    holder.release().unwrap();
+    let first = within(Duration::from_secs(10), move || first.join().unwrap());
+    let release = server.commands_run();
+    let clean = clean && scripts() == 1;
+    first.release().unwrap();
+    let second = within(Duration::from_secs(10), move || second.join().unwrap());
+    second.release().unwrap();
+    clean.then_some((attempt, release))
+}
+
 /// A release adds its wake-up to those no waiter has popped yet: two permits freed before
 /// either of two registered waiters blocks again leave two wake-ups, not one (a waiter
 /// would otherwise sit out its block beside a free permit).
