@@ -183,9 +183,11 @@ fn permit_handoff_counts(server: &RedisServer, client: &Client, name: &str) -> O
     let first = within(Duration::from_secs(10), move || first.join().unwrap());
     let release = server.commands_run();
     let clean = clean && scripts() == 1;
-    first.release().unwrap();
+    // A waiter's lease counts from when it wrote its attempt and block: on a loaded machine
+    // these 2 s may have run out by now. What these releases say is not what is counted.
+    let _ = first.release();
     let second = within(Duration::from_secs(10), move || second.join().unwrap());
-    second.release().unwrap();
+    let _ = second.release();
     clean.then_some((attempt, release))
 }
 
