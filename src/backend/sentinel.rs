@@ -8,6 +8,14 @@
 //! reached; a request refused without running is sent again to the new primary within the
 //! request's bounds, never in a loop.
 //!
+//! A failover does not demote the old primary at once: it takes writes until the
+//! Sentinels next look at it (seconds), and a client that kept using it would hold locks
+//! there while others are granted them on the new primary. So the primary in use is
+//! trusted for [`RECHECK`] at most: the first request after that asks the Sentinel that
+//! answered last (within [`RECHECK_TIMEOUT`]) and moves to the primary it names, if that
+//! one says it is a primary. A Sentinel that does not answer in time leaves the primary
+//! in use as it is (the next recheck asks the next Sentinel).
+//!
 //! The data nodes are logged in to with the URL's user and password; the Sentinels with
 //! the `sentinel_user` / `sentinel_pass` query parameters (none by default).
 
@@ -26,14 +34,21 @@ use crate::sync::atomic::{AtomicUsize, Ordering};
 use crate::sync::{self, Arc, Mutex, MutexGuard};
 use crate::url::{Addr, Login};
 
+/// How long the primary in use is trusted without asking a Sentinel again.
+pub(crate) const RECHECK: Duration = Duration::from_secs(1);
+/// The longest a recheck may add to the request that makes it (less with a shorter I/O
+/// timeout, or with less time left).
+const RECHECK_TIMEOUT: Duration = Duration::from_millis(250);
+
 pub(crate) struct Sentinel {
     factory: NodeFactory,
     sentinels: Vec<Addr>,
     master: String,
     sentinel_login: Login,
     io_timeout: Duration,
-    /// The primary in use; `None` until discovered, and after it failed.
-    primary: Mutex<Option<Arc<Node>>>,
+    /// The primary in use and when a Sentinel last named it; `None` until discovered, and
+    /// after it failed.
+    primary: Mutex<Option<(Arc<Node>, Instant)>>,
     /// Which Sentinel to ask first (the last one that answered).
     first: AtomicUsize,
 }
@@ -57,7 +72,7 @@ impl Sentinel {
         }
     }
 
-    fn primary(&self) -> MutexGuard<'_, Option<Arc<Node>>> {
+    fn primary(&self) -> MutexGuard<'_, Option<(Arc<Node>, Instant)>> {
         sync::lock(&self.primary)
     }
 
@@ -77,19 +92,78 @@ impl Sentinel {
         self.current(deadline)
     }
 
-    /// The primary in use, discovering it if needed.
+    /// The primary in use, discovering it if needed, and asking a Sentinel again whether
+    /// it still is when it was last named [`RECHECK`] ago or more.
     fn current(&self, deadline: Instant) -> Result<Arc<Node>> {
-        if let Some(node) = self.primary().clone() {
-            return Ok(node);
+        let now = Instant::now();
+        let recheck = {
+            let mut primary = self.primary();
+            match primary.as_mut() {
+                Some((node, named)) if now.saturating_duration_since(*named) < RECHECK => {
+                    return Ok(node.clone());
+                }
+                Some((node, named)) => {
+                    // This caller rechecks; the others go on with the primary meanwhile.
+                    *named = now;
+                    Some(node.clone())
+                }
+                None => None,
+            }
+        };
+        if let Some(node) = recheck {
+            return Ok(self.recheck(node, deadline));
         }
         let addr = self.discover(deadline)?;
+        Ok(self.use_primary(&addr))
+    }
+
+    /// `addr` is the primary from now on.
+    fn use_primary(&self, addr: &Addr) -> Arc<Node> {
         let mut primary = self.primary();
-        match primary.as_ref() {
-            Some(node) if node.addr == addr => Ok(node.clone()),
+        match primary.as_mut() {
+            Some((node, named)) if node.addr == *addr => {
+                *named = Instant::now();
+                node.clone()
+            }
             _ => {
-                let node = self.factory.node(&addr);
-                *primary = Some(node.clone());
-                Ok(node)
+                let node = self.factory.node(addr);
+                *primary = Some((node.clone(), Instant::now()));
+                node
+            }
+        }
+    }
+
+    /// Asks the Sentinel that answered last whether `node` is still the primary: the
+    /// primary to use, `node` unless that Sentinel names another that says it is one.
+    /// Takes [`RECHECK_TIMEOUT`] at most, and never more than a quarter of the time left
+    /// before `deadline` (a renewal near its lease's end keeps the rest for itself).
+    fn recheck(&self, node: Arc<Node>, deadline: Instant) -> Arc<Node> {
+        let now = Instant::now();
+        let left = deadline.saturating_duration_since(now);
+        let by = now + RECHECK_TIMEOUT.min(self.io_timeout).min(left / 4);
+        let index = self.first.load(Ordering::Relaxed) % self.sentinels.len().max(1);
+        let Some(sentinel) = self.sentinels.get(index) else {
+            return node;
+        };
+        match self.ask(sentinel, by) {
+            Ok(Some(addr)) if addr == node.addr => node,
+            Ok(Some(addr)) => match self.is_primary(&addr, by) {
+                Ok(true) => {
+                    log::warn!(
+                        "the Sentinels name {addr} as the primary of {:?}, no longer {}; \
+                         moving to it",
+                        self.master,
+                        node.addr
+                    );
+                    self.use_primary(&addr)
+                }
+                // Not promoted yet, or not reachable in time: the next recheck sees.
+                _ => node,
+            },
+            Ok(None) | Err(_) => {
+                self.first
+                    .store((index + 1) % self.sentinels.len(), Ordering::Relaxed);
+                node
             }
         }
     }
@@ -97,7 +171,7 @@ impl Sentinel {
     /// Stops using `node` (if it is still the one in use).
     pub fn forget_primary(&self, node: &Arc<Node>) {
         let mut primary = self.primary();
-        if primary.as_ref().is_some_and(|p| Arc::ptr_eq(p, node)) {
+        if primary.as_ref().is_some_and(|(p, _)| Arc::ptr_eq(p, node)) {
             *primary = None;
         }
     }
@@ -183,7 +257,7 @@ impl Sentinel {
     }
 
     pub fn close_idle(&self) {
-        if let Some(node) = self.primary().as_ref() {
+        if let Some((node, _)) = self.primary().as_ref() {
             node.close_idle();
         }
     }
@@ -198,7 +272,7 @@ impl Route for Sentinel {
         if self
             .primary()
             .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, node))
+            .is_some_and(|(p, _)| Arc::ptr_eq(p, node))
         {
             log::info!(
                 "{} is no longer usable as the primary of {:?}; rediscovering",

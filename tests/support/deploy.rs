@@ -203,8 +203,18 @@ impl SentinelDeployment {
     /// `replicas` replicas of one primary; `sentinels` Sentinels with quorum 2 (or 1 for a
     /// single Sentinel) and the given down-after time.
     pub fn start(replicas: usize, sentinels: usize, down_after_ms: u64) -> Self {
+        Self::start_with(replicas, sentinels, down_after_ms, &[])
+    }
+
+    /// As [`start`](Self::start), the primary started with `primary_args` too.
+    pub fn start_with(
+        replicas: usize,
+        sentinels: usize,
+        down_after_ms: u64,
+        primary_args: &[&str],
+    ) -> Self {
         let master = "mymaster".to_owned();
-        let primary = RedisServer::start();
+        let primary = RedisServer::start_with(primary_args);
         let mut servers = vec![];
         let primary_port = primary.port.to_string();
         servers.push(primary);
