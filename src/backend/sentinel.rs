@@ -11,10 +11,10 @@
 //! A failover does not demote the old primary at once: it takes writes until the
 //! Sentinels next look at it (seconds), and a client that kept using it would hold locks
 //! there while others are granted them on the new primary. So the primary in use is
-//! trusted for [`RECHECK`] at most: the first request after that asks the Sentinel that
-//! answered last (within [`RECHECK_TIMEOUT`]) and moves to the primary it names, if that
-//! one says it is a primary. A Sentinel that does not answer in time leaves the primary
-//! in use as it is (the next recheck asks the next Sentinel).
+//! trusted for [`RECHECK`] at most: the first request after that asks the Sentinels
+//! (within [`RECHECK_TIMEOUT`]) and moves to the primary a majority of them name, if that
+//! one says it is a primary. Sentinels that do not answer in time leave the primary in use
+//! as it is.
 //!
 //! The data nodes are logged in to with the URL's user and password; the Sentinels with
 //! the `sentinel_user` / `sentinel_pass` query parameters (none by default).
@@ -133,39 +133,66 @@ impl Sentinel {
         }
     }
 
-    /// Asks the Sentinel that answered last whether `node` is still the primary: the
-    /// primary to use, `node` unless that Sentinel names another that says it is one.
-    /// Takes [`RECHECK_TIMEOUT`] at most, and never more than a quarter of the time left
-    /// before `deadline` (a renewal near its lease's end keeps the rest for itself).
+    /// Asks the Sentinels whether `node` is still the primary: the primary to use, `node`
+    /// unless a majority of the Sentinels listed name another one, which says it is a
+    /// primary. One Sentinel is not believed alone: one cut off with the old primary would
+    /// move a client back to it. Each recheck starts at the next Sentinel in turn, so one
+    /// that keeps naming the old primary does not keep the client there. Takes
+    /// [`RECHECK_TIMEOUT`] at most, and never more than a quarter of the time left before
+    /// `deadline` (a renewal near its lease's end keeps the rest for itself).
     fn recheck(&self, node: Arc<Node>, deadline: Instant) -> Arc<Node> {
         let now = Instant::now();
         let left = deadline.saturating_duration_since(now);
         let by = now + RECHECK_TIMEOUT.min(self.io_timeout).min(left / 4);
-        let index = self.first.load(Ordering::Relaxed) % self.sentinels.len().max(1);
-        let Some(sentinel) = self.sentinels.get(index) else {
-            return node;
-        };
-        match self.ask(sentinel, by) {
-            Ok(Some(addr)) if addr == node.addr => node,
-            Ok(Some(addr)) => match self.is_primary(&addr, by) {
-                Ok(true) => {
-                    log::warn!(
-                        "the Sentinels name {addr} as the primary of {:?}, no longer {}; \
-                         moving to it",
-                        self.master,
-                        node.addr
-                    );
-                    self.use_primary(&addr)
+        let n = self.sentinels.len();
+        let majority = n / 2 + 1;
+        let start = self.first.fetch_add(1, Ordering::Relaxed);
+        let mut named: Option<(Addr, usize)> = None;
+        let mut for_current = 0;
+        for i in 0..n {
+            if Instant::now() >= by {
+                break;
+            }
+            let Ok(Some(addr)) = self.ask(&self.sentinels[(start + i) % n], by) else {
+                continue;
+            };
+            if addr == node.addr {
+                for_current += 1;
+                // The first answer names it (the common case: nothing changed), or too
+                // many do for a majority to name another.
+                if named.is_none() || n - for_current < majority {
+                    return node;
                 }
-                // Not promoted yet, or not reachable in time: the next recheck sees.
-                _ => node,
-            },
-            Ok(None) | Err(_) => {
-                self.first
-                    .store((index + 1) % self.sentinels.len(), Ordering::Relaxed);
-                node
+                continue;
+            }
+            let agreeing = match &mut named {
+                Some((other, count)) if *other == addr => {
+                    *count += 1;
+                    *count
+                }
+                Some(_) => return node, // The Sentinels disagree: wait for them.
+                None => {
+                    named = Some((addr, 1));
+                    1
+                }
+            };
+            if agreeing >= majority {
+                break;
             }
         }
+        let Some((addr, agreeing)) = named else {
+            return node;
+        };
+        if agreeing < majority || !matches!(self.is_primary(&addr, by), Ok(true)) {
+            // Not a majority yet, not promoted yet, or not reachable in time.
+            return node;
+        }
+        log::warn!(
+            "the Sentinels name {addr} as the primary of {:?}, no longer {}; moving to it",
+            self.master,
+            node.addr
+        );
+        self.use_primary(&addr)
     }
 
     /// Stops using `node` (if it is still the one in use).
