@@ -638,10 +638,9 @@ return 0
 
 /// Helpers of the semaphore and read-write lock scripts: a registration of a waiter (as in
 /// [`ACQUIRE`]; `now`, the server's clock in ms, which the attempt has read already), the
-/// wake-up an attempt that leads a block and took a hold leaves on its
-/// own wake list (its last key, passed only then), and the wake-ups a release leaves for
-/// blocked waiters: added to those not popped yet (another release's), up to one per live
-/// registration.
+/// wake-up an attempt that leads a block and took a hold leaves on its own wake list (its
+/// last key, passed only then), and the wake-ups a release leaves for blocked waiters:
+/// added to those not popped yet (another release's), up to one per live registration.
 const WAITERS: &str = r"
 local function register(queue, token, member, direct, mode, lives, own, first, now)
   if mode == 3 then

@@ -35,7 +35,7 @@ use crate::sync::{self, Arc, Mutex, MutexGuard};
 use crate::url::{Addr, Login};
 
 /// How long the primary in use is trusted without asking a Sentinel again.
-pub(crate) const RECHECK: Duration = Duration::from_secs(1);
+const RECHECK: Duration = Duration::from_secs(1);
 /// The longest a recheck may add to the request that makes it (less with a shorter I/O
 /// timeout, or with less time left).
 const RECHECK_TIMEOUT: Duration = Duration::from_millis(250);
@@ -49,7 +49,8 @@ pub(crate) struct Sentinel {
     /// The primary in use and when a Sentinel last named it; `None` until discovered, and
     /// after it failed.
     primary: Mutex<Option<(Arc<Node>, Instant)>>,
-    /// Which Sentinel to ask first (the last one that answered).
+    /// Which Sentinel to ask first: discovery sets it to the one that answered, and each
+    /// recheck moves it on by one.
     first: AtomicUsize,
 }
 
