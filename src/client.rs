@@ -50,9 +50,9 @@ impl Client {
 
     /// Opens a client whose locks are Redlock locks: each is taken on a majority of the
     /// independent primaries `urls` (1 to 15; each a single-server or Sentinel URL, no two
-    /// naming the same server). No connection is made yet. See the crate's README for what
-    /// Redlock promises and what it cannot; its locks have no fencing token
-    /// ([`crate::LockGuard::fencing_token`] is 0).
+    /// naming the same server, whatever their databases). No connection is made yet. See
+    /// the crate's README for what Redlock promises and what it cannot; its locks have no
+    /// fencing token ([`crate::LockGuard::fencing_token`] is 0).
     ///
     /// Errors: [`crate::ErrorKind::InvalidArgument`] for no URL, more than 15, a malformed or
     /// Cluster URL, or a duplicate.
@@ -74,7 +74,9 @@ impl Client {
                     target.describe
                 )));
             }
-            if !seen.insert(format!("{:?}/{}", target.topology, target.login.db)) {
+            // The server, whatever the database: keys of two databases of one server
+            // would be two votes of one server. (Two names of one host are not told apart.)
+            if !seen.insert(format!("{:?}", target.topology)) {
                 return Err(Error::invalid(format!(
                     "{} names the same server as another Redlock member",
                     target.describe

@@ -434,7 +434,8 @@ unsafe fn client_options(opts: &lock_client_options_t) -> Result<ClientOptions, 
 
 /// Opens a Redlock client: its locks are taken on a majority of the `count` independent
 /// primaries `urls` (1 to 15; each a single-server or Sentinel URL, no two naming the same
-/// server), in parallel. `options` may be NULL for the defaults. No connection is made yet.
+/// server, whatever their databases), in parallel. `options` may be NULL for the defaults.
+/// No connection is made yet.
 /// Its locks have no fencing token (`lock_fencing_token` gives 0): see the README.
 /// Errors: `LOCK_ERR_ARGUMENT` for NULL pointers, a count of 0 or over 15, a malformed,
 /// Cluster or duplicate URL.

@@ -30,9 +30,12 @@ fn urls(servers: &[RedisServer]) -> Vec<String> {
 fn bad_member_lists_are_refused() {
     let servers = primaries(1);
     let url = servers[0].url();
+    // One server under two database numbers would cast two votes.
+    let other_db = format!("redis://127.0.0.1:{}/1", servers[0].port);
     for urls in [
         vec![],
         vec![url.as_str(), url.as_str()],
+        vec![url.as_str(), other_db.as_str()],
         vec!["redis+cluster://127.0.0.1:1"],
         vec!["nonsense"],
     ] {
