@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redlease::{Client, ClientOptions, ErrorKind};
+use redlease::{Client, ClientOptions, ErrorKind, LockBuilder};
 
 use crate::support::proxy::{Action, Proxy};
 use crate::support::{
@@ -626,12 +626,24 @@ fn a_lock_handed_to_a_blocked_waiter_costs_sixteen_server_commands() {
     let client = client(&server.url());
     // The scripts cached (a first run's NOSCRIPT counts as a call).
     crate::support::warm(&client);
-    // A first round of a wait lasts a quarter of a second or more: on a loaded machine the
-    // first waiter's may end inside the measured window, which is then run again.
+    assert_handoff_costs(&server, &client, |c, name| c.lock(name), (7, 9));
+}
+
+/// Asserts what a handoff to a blocked waiter of the kind `kind` makes costs in server
+/// commands: `(the second waiter's attempt with its block, the release that hands over to
+/// the first)`. The kind's scripts must be cached already. A first round of a wait lasts a
+/// quarter of a second or more: on a loaded machine the first waiter's may end inside the
+/// measured window, which is then run again (three rounds at most).
+pub(crate) fn assert_handoff_costs(
+    server: &RedisServer,
+    client: &Client,
+    kind: for<'a> fn(&'a Client, &'a str) -> LockBuilder<'a>,
+    expected: (u64, u64),
+) {
     for round in 0..3 {
-        if let Some(counts) = handoff_counts(&server, &client, &format!("counted-{round}")) {
+        if let Some(counts) = handoff_counts(server, client, kind, &format!("counted-{round}")) {
             let stats = server.cmd::<String>(&["INFO", "commandstats"]);
-            assert_eq!(counts, (7, 9), "{stats}");
+            assert_eq!(counts, expected, "{stats}");
             return;
         }
         eprintln!("round {round}: a waiter's block ended in the measured window; again");
@@ -640,16 +652,20 @@ fn a_lock_handed_to_a_blocked_waiter_costs_sixteen_server_commands() {
 }
 
 /// Commands run by a second waiter's attempt with its block, and by the release that hands
-/// the lock to the first waiter; `None` when anything else ran meanwhile.
-fn handoff_counts(server: &RedisServer, client: &Client, name: &str) -> Option<(u64, u64)> {
-    let holder = client.lock(name).try_acquire().unwrap();
+/// `name` to the first waiter; `None` when anything else ran meanwhile.
+fn handoff_counts(
+    server: &RedisServer,
+    client: &Client,
+    kind: for<'a> fn(&'a Client, &'a str) -> LockBuilder<'a>,
+    name: &str,
+) -> Option<(u64, u64)> {
+    let holder = kind(client, name).try_acquire().unwrap();
     let waiter = || {
         let (client, name) = (client.clone(), name.to_owned());
         let blocks = server.calls("blpop");
         let waiter = std::thread::spawn(move || {
             // A ttl within the claim lease, without renewal: nothing to extend afterwards.
-            client
-                .lock(&name)
+            kind(&client, &name)
                 .ttl(Duration::from_secs(2))
                 .renew(false)
                 .acquire_timeout(Duration::from_secs(20))

@@ -135,60 +135,7 @@ fn a_permit_handed_to_a_blocked_waiter_costs_twenty_one_server_commands() {
         .unwrap()
         .release()
         .unwrap();
-    // A first round of a wait lasts a quarter of a second or more: on a loaded machine the
-    // first waiter's may end inside the measured window, which is then run again.
-    for round in 0..3 {
-        if let Some(counts) = permit_handoff_counts(&server, &client, &format!("counted-{round}")) {
-            assert_eq!(
-                counts,
-                (9, 12),
-                "{}",
-                server.cmd::<String>(&["INFO", "commandstats"])
-            );
-            return;
-        }
-        eprintln!("round {round}: a waiter's block ended in the measured window; again");
-    }
-    panic!("every round had a waiter's block end in the measured window");
-}
-
-/// Commands run by a second waiter's attempt with its block, and by the release that hands
-/// the permit to the first waiter; `None` when anything else ran meanwhile.
-fn permit_handoff_counts(server: &RedisServer, client: &Client, name: &str) -> Option<(u64, u64)> {
-    let holder = client.semaphore(name, 1).try_acquire().unwrap();
-    let waiter = || {
-        let (client, name) = (client.clone(), name.to_owned());
-        let blocks = server.calls("blpop");
-        let waiter = std::thread::spawn(move || {
-            client
-                .semaphore(&name, 1)
-                .ttl(Duration::from_secs(2))
-                .renew(false)
-                .acquire_timeout(Duration::from_secs(20))
-                .unwrap()
-        });
-        assert!(eventually(Duration::from_secs(5), || {
-            server.calls("blpop") > blocks
-        }));
-        waiter
-    };
-    let scripts = || server.calls("evalsha") + server.calls("eval");
-    let first = waiter();
-    server.cmd::<()>(&["CONFIG", "RESETSTAT"]);
-    let second = waiter();
-    let attempt = server.commands_run();
-    let clean = scripts() == 1 && server.calls("time") == 1;
-    server.cmd::<()>(&["CONFIG", "RESETSTAT"]);
-    holder.release().unwrap();
-    let first = within(Duration::from_secs(10), move || first.join().unwrap());
-    let release = server.commands_run();
-    let clean = clean && scripts() == 1;
-    // A waiter's lease counts from when it wrote its attempt and block: on a loaded machine
-    // these 2 s may have run out by now. What these releases say is not what is counted.
-    let _ = first.release();
-    let second = within(Duration::from_secs(10), move || second.join().unwrap());
-    let _ = second.release();
-    clean.then_some((attempt, release))
+    crate::waiting::assert_handoff_costs(&server, &client, |c, name| c.semaphore(name, 1), (9, 12));
 }
 
 /// A release adds its wake-up to those no waiter has popped yet: two permits freed before
