@@ -28,6 +28,26 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{text} is too large"))
 }
 
+/// A lease: a duration as [`parse`] reads it, within the library's
+/// [`redlease::MIN_TTL`]..=[`redlease::MAX_TTL`], so that a bad ttl is a usage error before
+/// anything is sent, whatever the server holds.
+pub fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse(text)?;
+    if ttl < redlease::MIN_TTL {
+        return Err(format!(
+            "a ttl must be at least {} (a shorter lease ends before it can be used)",
+            show(redlease::MIN_TTL)
+        ));
+    }
+    if ttl > redlease::MAX_TTL {
+        return Err(format!(
+            "{text} is over the longest ttl, {}",
+            show(redlease::MAX_TTL)
+        ));
+    }
+    Ok(ttl)
+}
+
 /// How long `run` waits for a busy lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
@@ -74,6 +94,21 @@ mod tests {
         assert_eq!(parse("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse("0"), Ok(Duration::ZERO));
         assert_eq!(parse("0s"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_ttl_is_within_the_librarys_bounds() {
+        assert_eq!(parse_ttl("10ms"), Ok(redlease::MIN_TTL));
+        assert!(parse_ttl("9ms").unwrap_err().contains("at least 10ms"));
+        assert!(parse_ttl("0").is_err());
+        assert_eq!(parse_ttl("1h"), Ok(Duration::from_secs(3600)));
+        let longest = redlease::MAX_TTL.as_millis();
+        assert_eq!(parse_ttl(&format!("{longest}ms")), Ok(redlease::MAX_TTL));
+        assert!(
+            parse_ttl(&format!("{}ms", longest + 1))
+                .unwrap_err()
+                .contains("longest")
+        );
     }
 
     #[test]

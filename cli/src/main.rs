@@ -210,7 +210,7 @@ pub struct RunArgs {
     name: String,
     /// Lease: how long the lock outlives a redlease that stops renewing (crash, pause,
     /// network loss). Renewed every ttl/3 while the command runs.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration::parse)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration::parse_ttl)]
     ttl: Duration,
     /// How long to wait for a busy lock: 0 (try once), a duration, or forever.
     #[arg(long, value_name = "0|DURATION|forever", default_value = "0", value_parser = duration::parse_wait)]
@@ -356,7 +356,7 @@ struct ExtendArgs {
     #[arg(long, value_name = "TOKEN")]
     token: String,
     /// The new lease, from now.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration::parse)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration::parse_ttl)]
     ttl: Duration,
 }
 

@@ -1340,9 +1340,11 @@ fn a_job_extends_and_releases_its_lock_with_the_token_it_was_given() {
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
-    // The command extends its own lock through the token, then records the lease.
+    // The command extends its own lock through the token, then records the lease. A ttl
+    // under the shortest is a usage error under the right token as under a wrong one.
     let script = format!(
-        "{BIN} extend --url {url} own --token \"$REDLEASE_TOKEN\" --ttl 100s && echo extended >> '{0}'; \
+        "{BIN} extend --url {url} own --token \"$REDLEASE_TOKEN\" --ttl 5ms; echo \"short $?\" >> '{0}'; \
+         {BIN} extend --url {url} own --token \"$REDLEASE_TOKEN\" --ttl 100s && echo extended >> '{0}'; \
          {BIN} status --url {url} own --json >> '{0}'",
         log.display()
     );
@@ -1351,8 +1353,9 @@ fn a_job_extends_and_releases_its_lock_with_the_token_it_was_given() {
     ]);
     assert_eq!(out.code, Some(0), "{out:?}");
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(text.starts_with("extended\n"), "{text}");
-    let status: Value = serde_json::from_str(&text["extended\n".len()..]).unwrap();
+    let head = "short 64\nextended\n";
+    assert!(text.starts_with(head), "{text}");
+    let status: Value = serde_json::from_str(&text[head.len()..]).unwrap();
     let ttl_ms = status[0]["ttl_ms"].as_u64().unwrap();
     assert!(ttl_ms > 90_000, "the extend set 100 s: {ttl_ms}");
 
@@ -1378,6 +1381,19 @@ fn a_job_extends_and_releases_its_lock_with_the_token_it_was_given() {
             "{out:?}"
         );
     }
+    let short = [
+        "extend",
+        "--url",
+        &url,
+        "kept",
+        "--token",
+        "not-the-token",
+        "--ttl",
+        "5ms",
+    ];
+    let out = exec(&short);
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert!(out.one_line().contains("at least 10ms"), "{out:?}");
     assert!(exists(&server, "kept"));
     assert_eq!(holder.finish().code, Some(0));
     for args in [
