@@ -85,19 +85,12 @@ pub(crate) unsafe fn read_sized<T: Copy>(
     }
     // SAFETY: non-NULL, and every options struct begins with a size_t (caller's contract).
     let size = unsafe { ptr.cast::<usize>().read_unaligned() };
-    let ours = std::mem::size_of::<T>();
-    if size > ours && size <= MAX_OPTIONS_SIZE {
-        return Err(Failure::argument(format!(
-            "{what}->size is {size}, larger than this library's {ours}: the program was built \
-             against a newer redlease.h than the library it runs with"
-        )));
-    }
-    if !sizes.contains(&size) || size > ours {
-        return Err(Failure::argument(format!(
-            "{what}->size is {size}, not the size of any version of the struct: fill it with \
-             its _init function first"
-        )));
-    }
+    check_struct_size::<T>(
+        size,
+        sizes,
+        &format!("{what}->size is {size}"),
+        "fill it with its _init function first",
+    )?;
     let mut out = defaults;
     // SAFETY: `size` bytes are readable at `ptr` (caller's contract), `size <= ours` bytes fit
     // in `out`, and the two do not overlap (`out` is a local).
@@ -105,6 +98,31 @@ pub(crate) unsafe fn read_sized<T: Copy>(
         std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&raw mut out).cast::<u8>(), size);
     }
     Ok(out)
+}
+
+/// Refuses `size` unless it is one of `sizes` (the sizes of every version of `T`), saying
+/// when it is larger than this library's `T`: a program built against a newer header. The
+/// message begins with `subject` (which names the size) and ends with `remedy` for a size
+/// no version had.
+pub(crate) fn check_struct_size<T>(
+    size: usize,
+    sizes: &[usize],
+    subject: &str,
+    remedy: &str,
+) -> Result<(), Failure> {
+    let ours = std::mem::size_of::<T>();
+    if size > ours && size <= MAX_OPTIONS_SIZE {
+        return Err(Failure::argument(format!(
+            "{subject}, larger than this library's {ours}: the program was built against a \
+             newer redlease.h than the library it runs with"
+        )));
+    }
+    if !sizes.contains(&size) || size > ours {
+        return Err(Failure::argument(format!(
+            "{subject}, not the size of any version of the struct: {remedy}"
+        )));
+    }
+    Ok(())
 }
 
 /// Copies `text` and a terminating NUL into `buf` of `buf_len` bytes.

@@ -18,7 +18,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::args::{Out, copy_out, opt_str_arg, prefix_size, read_sized, str_arg};
+use self::args::{Out, check_struct_size, copy_out, opt_str_arg, prefix_size, read_sized, str_arg};
 use self::handles::{ChildError, HandleTable, Kind};
 pub use self::inspect::{
     LOCK_HELD_MUTEX, LOCK_HELD_NONE, LOCK_HELD_RWLOCK, LOCK_HELD_SEMAPHORE, LOCK_NO_EXPIRY,
@@ -263,11 +263,12 @@ unsafe fn init_sized<T: Copy>(
     if opts.is_null() {
         return Err(Failure::argument(format!("{what} is NULL")));
     }
-    if !sizes.contains(&size) {
-        return Err(Failure::argument(format!(
-            "size {size} is not the size of any version of the struct: pass sizeof *{what}"
-        )));
-    }
+    check_struct_size::<T>(
+        size,
+        sizes,
+        &format!("size {size}"),
+        &format!("pass sizeof *{what}"),
+    )?;
     // SAFETY: every options struct begins with its size_t size (repr(C)).
     unsafe { (&raw mut defaults).cast::<usize>().write(size) };
     // SAFETY: `opts` is valid for `size` bytes (caller's contract), `size` is at most the

@@ -501,6 +501,7 @@ static void test_old_acquire_options_still_work(void) {
     lock_client_t client = open_client();
     old_acquire_options_t old;
     lock_acquire_options_t fixed;
+    lock_client_options_t client_fixed;
     void *exact, *garbage_tail;
     lock_t lock = 0, holder = 0;
     bool held = true;
@@ -531,9 +532,15 @@ static void test_old_acquire_options_still_work(void) {
     CHECK(((old_acquire_options_t *)exact)->renew == true);
     CHECK(((old_acquire_options_t *)exact)->on_lost == NULL);
     free(exact);
-    /* A size no version of the struct ever had is refused. */
+    /* A size no version of the struct ever had is refused; a larger one is named for what
+     * it most likely is, a program built against a newer header. */
     CHECK_STATUS(lock_acquire_options_init(&fixed, sizeof fixed + 8), LOCK_ERR_ARGUMENT);
+    CHECK(strstr(lock_last_error(), "newer redlease.h") != NULL);
+    CHECK_STATUS(lock_client_options_init(&client_fixed, sizeof client_fixed + 8),
+                 LOCK_ERR_ARGUMENT);
+    CHECK(strstr(lock_last_error(), "newer redlease.h") != NULL);
     CHECK_STATUS(lock_acquire_options_init(&fixed, 12), LOCK_ERR_ARGUMENT);
+    CHECK(strstr(lock_last_error(), "not the size of any version") != NULL);
 
     /* Exactly the old struct's bytes: the library reads no further, and takes renew=false
      * from it (the 150 ms lease, times slack, is not renewed). */
@@ -663,6 +670,9 @@ static void test_options_size_is_checked(void) {
                      LOCK_ERR_ARGUMENT);
         CHECK(lock == untouched);
         CHECK(strstr(lock_last_error(), "size") != NULL);
+        if (sizes[i] > sizeof roomy.u.acquire && sizes[i] <= sizeof roomy.u.acquire + 8) {
+            CHECK(strstr(lock_last_error(), "newer redlease.h") != NULL);
+        }
     }
     CHECK(raw_integer("EXISTS", "c:size") == 0); /* nothing was sent */
 
