@@ -29,6 +29,7 @@ import threading
 from typing import Callable, Optional
 
 from . import _native
+from ._errors import InvalidArgumentError
 from ._native import (
     LOCK_LOG_DEBUG,
     LOCK_LOG_ERROR,
@@ -117,7 +118,9 @@ def set_log_level(level: Optional[int]) -> None:
     raises :class:`InvalidArgumentError`; a ``setLevel`` there is applied just after)."""
     global _applied
     if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
-        raise TypeError(f"level must be an int (a logging level) or None, not {type(level).__name__}")
+        raise InvalidArgumentError(
+            f"level must be an int (a logging level) or None, not {type(level).__name__}"
+        )
     with _state_lock:
         _apply(level)
         _applied = None  # the next change of a level applies again

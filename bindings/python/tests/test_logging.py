@@ -66,8 +66,10 @@ def test_levels_map_to_python_levels():
     }
     for py, c in [(1, 5), (5, 5), (10, 4), (15, 3), (20, 3), (30, 2), (40, 1), (50, 1)]:
         assert _logging._c_level(py) == c, py
-    with pytest.raises(TypeError):
-        redlease.set_log_level("DEBUG")  # type: ignore[arg-type]
+    # Every bad argument is an InvalidArgumentError (also a ValueError), a level too.
+    for bad in ["DEBUG", 10.0, True, b"10"]:
+        with pytest.raises(redlease.InvalidArgumentError):
+            redlease.set_log_level(bad)  # type: ignore[arg-type]
 
 
 def test_a_renewal_failure_reaches_the_redlease_logger_as_a_warning(server, collect):

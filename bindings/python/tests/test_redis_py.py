@@ -245,9 +245,10 @@ def test_reacquiring_unlocked_or_untimed_or_stolen_locks_raises(rb):
 # --- what redlease adds or does differently ----------------------------------------------
 
 
-def test_a_lock_without_timeout_is_a_lease_renewed_while_held(rb, monkeypatch):
+@pytest.mark.parametrize("timeout", [None, 0])  # redis-py takes 0 as no timeout too
+def test_a_lock_without_timeout_is_a_lease_renewed_while_held(rb, monkeypatch, timeout):
     monkeypatch.setattr(rp, "RENEWED_TTL", 0.3)
-    lock = get_lock(rb, "foo")
+    lock = get_lock(rb, "foo", timeout=timeout)
     assert lock.acquire(blocking=False)
     assert 0 < rb.pttl("foo") <= 300  # it expires if the holder dies
     time.sleep(1.0)  # more than three leases
@@ -361,6 +362,9 @@ def test_bad_arguments_raise_before_anything_is_sent(rb):
         get_lock(rb, "")
     with pytest.raises(ValueError):
         get_lock(rb, "foo", blocking_timeout="soon")
+    # A lease under the shortest (10 ms), other than 0 (no timeout), is refused at acquire.
+    with pytest.raises(redlease.InvalidArgumentError):
+        get_lock(rb, "foo", timeout=0.005).acquire(blocking=False)
     assert rb.dbsize() == 0
 
 
