@@ -44,7 +44,7 @@ impl Client {
     pub fn with_options(url: &str, options: ClientOptions) -> Result<Client> {
         options.validate()?;
         let target = url::parse(url)?;
-        let backend = backend_for(&target, &options)?;
+        let backend = backend_for(&target, &options, false)?;
         Ok(Client::from_server(Arc::new(Routed::new(backend)), options))
     }
 
@@ -55,7 +55,10 @@ impl Client {
     /// fencing token ([`crate::LockGuard::fencing_token`] is 0).
     ///
     /// Errors: [`crate::ErrorKind::InvalidArgument`] for no URL, more than 15, a malformed or
-    /// Cluster URL, or a duplicate.
+    /// Cluster URL, or a duplicate. Two URLs that name one server differently (`localhost`
+    /// and `127.0.0.1`, a second address of the host) are told apart once connected, by the
+    /// `run_id` each connection asks: every call of the client's locks then fails with
+    /// [`crate::ErrorKind::InvalidArgument`] naming both, and sends nothing.
     pub fn redlock(urls: &[&str], options: ClientOptions) -> Result<Client> {
         options.validate()?;
         if urls.is_empty() || urls.len() > 15 {
@@ -75,14 +78,15 @@ impl Client {
                 )));
             }
             // The server, whatever the database: keys of two databases of one server
-            // would be two votes of one server. (Two names of one host are not told apart.)
+            // would be two votes of one server. Two names of one server are told apart by
+            // its run_id once connected (see backend::members).
             if !seen.insert(format!("{:?}", target.topology)) {
                 return Err(Error::invalid(format!(
                     "{} names the same server as another Redlock member",
                     target.describe
                 )));
             }
-            members.push(backend_for(&target, &options)?);
+            members.push(backend_for(&target, &options, true)?);
         }
         let bounds = Bounds {
             pool_wait: options.pool_wait,
@@ -221,13 +225,15 @@ impl fmt::Debug for Client {
 }
 
 /// The backend for one parsed URL, with the client's options.
-fn backend_for(target: &url::Target, options: &ClientOptions) -> Result<Backend> {
+/// The backend for `target`; with `identify`, its connections ask the server's `run_id`.
+fn backend_for(target: &url::Target, options: &ClientOptions, identify: bool) -> Result<Backend> {
     let tls = Arc::new(TlsSetup::new(target.tls, options.tls_ca_cert.clone())?);
     let factory = NodeFactory {
         tls,
         login: target.login.clone(),
         connect_timeout: options.connect_timeout,
         pool_size: options.pool_size,
+        identify,
     };
     Ok(Backend::open(
         target,

@@ -135,6 +135,8 @@ pub(crate) struct Connector {
     tls: Arc<TlsSetup>,
     login: Login,
     pub connect_timeout: Duration,
+    /// Ask the server's `run_id` on connect (see [`Connection::server_id`]).
+    identify: bool,
 }
 
 impl Connector {
@@ -144,7 +146,15 @@ impl Connector {
             tls,
             login,
             connect_timeout,
+            identify: false,
         }
+    }
+
+    /// With `identify`, each connection asks the server's `run_id` (`INFO server`, in the
+    /// login's pipeline): what tells one server reached under two names.
+    pub fn identifying(mut self, identify: bool) -> Self {
+        self.identify = identify;
+        self
     }
 
     /// Connects, sets up TLS, logs in and selects the database, all before `deadline` (cut
@@ -218,12 +228,15 @@ impl Connector {
             scripts: Vec::new(),
             quiet: None,
             recv_timeout: false,
+            server_id: None,
         };
         self.log_in(&mut conn, deadline)?;
         Ok(conn)
     }
 
-    /// `AUTH` and `SELECT` in one pipeline; nothing else is sent on connect.
+    /// `AUTH`, `SELECT` and, when identifying, `INFO server` in one pipeline; nothing else
+    /// is sent on connect. An `INFO` refused (an ACL, a renamed command) leaves the server
+    /// unidentified.
     fn log_in(&self, conn: &mut Connection, deadline: Instant) -> Result<()> {
         let mut packed = Vec::new();
         let mut replies = 0;
@@ -248,17 +261,41 @@ impl Connector {
                 .write_packed_command(&mut packed);
             replies += 1;
         }
+        let login_replies = replies;
+        if self.identify {
+            redis::cmd("INFO")
+                .arg("server")
+                .write_packed_command(&mut packed);
+            replies += 1;
+        }
         if replies == 0 {
             return Ok(());
         }
         conn.send(&packed, replies, deadline)?;
-        for _ in 0..replies {
-            if let Value::ServerError(e) = conn.recv(deadline, &Watch::none())? {
-                return Err(Error::server(&e));
+        for i in 0..replies {
+            match conn.recv(deadline, &Watch::none())? {
+                Value::ServerError(e) if i < login_replies => return Err(Error::server(&e)),
+                info if i == login_replies => conn.server_id = run_id(&info),
+                _ => {}
             }
         }
         Ok(())
     }
+}
+
+/// The `run_id` field of an `INFO server` reply: a random id the server draws when it
+/// starts, the same under every name and address it is reached by.
+fn run_id(info: &Value) -> Option<Box<str>> {
+    let text: &[u8] = match info {
+        Value::BulkString(bytes) => bytes,
+        Value::VerbatimString { text, .. } => text.as_bytes(),
+        _ => return None,
+    };
+    let id = text
+        .split(|&b| b == b'\n')
+        .find_map(|line| line.strip_prefix(b"run_id:"))?
+        .trim_ascii();
+    (!id.is_empty()).then(|| String::from_utf8_lossy(id).into())
 }
 
 /// Resolves `host` within `deadline`. An IP address needs no lookup; a name is looked up on
@@ -557,6 +594,8 @@ pub(crate) struct Connection {
     quiet: Option<Instant>,
     /// Whether the plain socket's receive timeout was set to [`RECV_TIMEOUT`].
     recv_timeout: bool,
+    /// The server's `run_id`, when its connector identifies servers.
+    server_id: Option<Box<str>>,
 }
 
 /// Reads from the connection for the parser, waiting until `deadline` and resuming after
@@ -689,6 +728,12 @@ impl Connection {
 
     /// Whether this connection's server answered a script of this SHA1 without `NOSCRIPT`
     /// (and has not answered `NOSCRIPT` since).
+    /// The `run_id` of the server this connection reached, when its connector asked it
+    /// (see [`Connector::identifying`]) and the server told it.
+    pub fn server_id(&self) -> Option<&str> {
+        self.server_id.as_deref()
+    }
+
     pub fn knows_script(&self, sha: &str) -> bool {
         self.scripts.contains(&sha)
     }
@@ -999,6 +1044,19 @@ mod tests {
         let timeout = recv_timeout_of(&conn);
         assert!(!timeout.is_zero(), "the wait did not block in the read");
         assert!(timeout <= Duration::from_millis(60), "{timeout:?}");
+    }
+
+    #[test]
+    fn the_run_id_is_read_from_an_info_reply() {
+        let info = b"# Server\r\nredis_version:7.0.15\r\nrun_id:0a1b2c\r\ntcp_port:6379\r\n";
+        assert_eq!(
+            run_id(&Value::BulkString(info.to_vec())).as_deref(),
+            Some("0a1b2c")
+        );
+        let no_id = b"# Server\r\nredis_version:7.0.15\r\nrun_id:\r\n";
+        assert_eq!(run_id(&Value::BulkString(no_id.to_vec())), None);
+        // A refusal (NOPERM) is not a bulk string.
+        assert_eq!(run_id(&Value::Int(0)), None);
     }
 
     #[test]

@@ -83,18 +83,29 @@ impl Pool {
 
     /// Checks out a connection on `lane`, connecting (before `connect_by`, and within the
     /// connect timeout) when no idle one is usable. `Ok(None)` only on the blocking lane,
-    /// when all its slots are taken. With [`Check::Later`] an idle connection is handed out
-    /// without the look at its socket, which the caller then makes for several connections
-    /// at once ([`crate::connection::usable_together`]), replacing those that fail it with
-    /// [`Pooled::replace`].
+    /// when all its slots are taken.
     ///
     /// Errors: [`ErrorKind::Timeout`] when the caller lane has no free slot in time; the
     /// connect error otherwise. Nothing has been sent when this fails.
-    pub fn checkout(
+    pub fn checkout(&self, lane: Lane, connect_by: Instant) -> Result<Option<Pooled<'_>>> {
+        self.checkout_or_connect(lane, Some(connect_by))
+    }
+
+    /// As [`checkout`](Self::checkout), but never connects: `Ok(None)` when no idle
+    /// connection is at hand (or, on the blocking lane, no slot). The connection is handed
+    /// out without the look at its socket ([`Pooled::unchecked`]), which the caller then
+    /// makes for several connections at once ([`crate::connection::usable_together`]),
+    /// discarding those that fail it ([`Pooled::discard`]).
+    pub fn checkout_idle(&self, lane: Lane) -> Result<Option<Pooled<'_>>> {
+        self.checkout_or_connect(lane, None)
+    }
+
+    /// A checkout that connects by `connect_by` when needed, or (with `None`) hands out an
+    /// idle connection unchecked.
+    fn checkout_or_connect(
         &self,
         lane: Lane,
-        connect_by: Instant,
-        check: Check,
+        connect_by: Option<Instant>,
     ) -> Result<Option<Pooled<'_>>> {
         if process::orphaned() {
             // Another of the parent's threads may have held the pool's lock at the fork.
@@ -152,13 +163,15 @@ impl Pool {
             process,
             unchecked: false,
         };
-        if check == Check::Later {
-            if let Some(conn) = self.state().idle.pop() {
-                pooled.conn = Some(conn);
-                pooled.unchecked = true;
-                return Ok(Some(pooled));
-            }
-        }
+        let Some(connect_by) = connect_by else {
+            let Some(conn) = self.state().idle.pop() else {
+                // Dropped without a connection: the slot goes back.
+                return Ok(None);
+            };
+            pooled.conn = Some(conn);
+            pooled.unchecked = true;
+            return Ok(Some(pooled));
+        };
         pooled.conn = Some(self.usable_or_new(connect_by)?);
         Ok(Some(pooled))
     }
@@ -211,25 +224,11 @@ impl Pool {
         }
     }
 
-    /// Whether an idle connection is at hand.
-    pub fn has_idle(&self) -> bool {
-        !self.state().idle.is_empty()
-    }
-
     /// Closes every idle connection (the client is closing).
     pub fn close_idle(&self) {
         let idle = std::mem::take(&mut self.state().idle);
         drop(idle);
     }
-}
-
-/// When an idle connection's socket is looked at before it is handed out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Check {
-    /// By the checkout.
-    Now,
-    /// By the caller, before it writes (see [`Pool::checkout`]).
-    Later,
 }
 
 /// A checked-out connection; goes back to the pool on drop unless it broke.
@@ -238,7 +237,7 @@ pub(crate) struct Pooled<'a> {
     conn: Option<Connection>,
     lane: Lane,
     process: u64,
-    /// An idle connection handed out with [`Check::Later`], not looked at yet.
+    /// An idle connection handed out by [`Pool::checkout_idle`], not looked at yet.
     unchecked: bool,
 }
 
@@ -250,7 +249,7 @@ impl Pooled<'_> {
             .unwrap_or_else(|| unreachable!("a checked-out connection is present until dropped"))
     }
 
-    /// Whether the connection is an idle one handed out with [`Check::Later`]: the caller
+    /// Whether the connection is an idle one handed out by [`Pool::checkout_idle`]: the caller
     /// must look at it before writing.
     pub fn unchecked(&self) -> bool {
         self.unchecked
@@ -261,19 +260,9 @@ impl Pooled<'_> {
         self.unchecked = false;
     }
 
-    /// The connection was found closed or out of step: it is dropped, and replaced by a
-    /// usable idle one or a new one (connected before `connect_by`).
-    ///
-    /// Errors: the connect's. The slot stays checked out (and is given back on drop).
-    pub fn replace(&mut self, connect_by: Instant) -> Result<()> {
-        log::debug!(
-            "dropping a dead idle connection to {}",
-            self.pool.connector.addr
-        );
+    /// The connection was found closed or out of step: it is dropped, and so is the slot.
+    pub fn discard(mut self) {
         self.conn = None;
-        self.unchecked = false;
-        self.conn = Some(self.pool.usable_or_new(connect_by)?);
-        Ok(())
     }
 }
 

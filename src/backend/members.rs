@@ -4,10 +4,15 @@
 //! A round writes the request to every member before it reads any reply, so its time is
 //! that of the slowest member (bounded by the per-member deadline), not the sum. It spawns
 //! no thread when every member has an idle connection; only members that must connect
-//! are connected to from short-lived threads of their own, so that a member whose connect
-//! hangs cannot use up the others' time.
+//! are connected to from short-lived threads of their own, which write to their member
+//! once connected, so that a member whose connect hangs cannot use up the others' time.
+//!
+//! Each connection asks its server's `run_id` when it is made: two members that reach one
+//! server (two names or addresses of it, which the URL check cannot tell apart) would
+//! pass for two, so the later one is sent nothing.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::ScopedJoinHandle;
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -21,7 +26,7 @@ use crate::backend::wire::{finish_calls, send_calls};
 use crate::connection::{Connection, usable_together};
 use crate::error::{Error, Result};
 use crate::lane::Lane;
-use crate::pool::{Check, Pooled};
+use crate::pool::Pooled;
 
 /// The members of a Redlock deployment.
 pub(crate) struct Members {
@@ -32,6 +37,9 @@ pub(crate) struct Members {
 pub(crate) struct Round {
     /// Per member, in order: its replies, or why there are none.
     pub outcomes: Vec<Result<Vec<Value>>>,
+    /// Set when a member was left out for being another member's server (see
+    /// [`Members::round`]).
+    pub one_server: Option<Error>,
 }
 
 impl Members {
@@ -45,7 +53,15 @@ impl Members {
     }
 
     /// Sends `calls` on `key` to every member and reads the replies, nothing past
-    /// `deadline`.
+    /// `deadline`. Members with an idle connection are written to at once; each member
+    /// that must connect (none idle, or the idle one closed) does so on a thread of its
+    /// own and is written to as soon as it is connected, so that a member whose connect
+    /// hangs (a host cut off or powered off: its SYNs go unanswered) costs the others
+    /// nothing. The round ends when every member answered or ran out of time.
+    ///
+    /// A member whose connection reached the same server as another member's (the same
+    /// `run_id`) is sent nothing: its outcome is an [`crate::ErrorKind::InvalidArgument`]
+    /// error, also in [`Round::one_server`].
     pub fn round(&self, key: &str, calls: &[Call], lane: Lane, deadline: Instant) -> Round {
         let how = Exec::new(lane, deadline.saturating_duration_since(Instant::now()))
             .cutoff(Some(deadline));
@@ -54,118 +70,237 @@ impl Members {
             .iter()
             .map(|m| m.node_for(key, deadline))
             .collect();
-        let mut checkouts = checkout_all(&nodes, &how);
-        replace_closed(&mut checkouts, deadline);
-        let mut in_flight: Vec<Result<(Pooled<'_>, Instant)>> = Vec::with_capacity(nodes.len());
-        for checkout in checkouts {
-            in_flight.push(checkout.and_then(|mut pooled| {
-                let at = send_calls(pooled.conn(), calls, &how)?;
-                Ok((pooled, at))
-            }));
-        }
-        let outcomes = in_flight
-            .into_iter()
-            .enumerate()
-            .map(|(i, flight)| {
-                let (mut pooled, at) = flight?;
-                let replies = finish_calls(pooled.conn(), calls, at, &how)?;
-                if let (Ok(node), Some(Value::ServerError(_))) = (&nodes[i], replies.values.first())
-                {
-                    if matches!(
-                        Redirect::of(&replies.values[0], &node.addr),
-                        Some(Redirect::ReadOnly)
-                    ) {
-                        self.members[i].node_failed(node);
-                    }
-                }
-                Ok(replies.values)
+        let mut slots: Vec<Slot<'_>> = nodes
+            .iter()
+            .map(|node| match node {
+                Err(e) => Slot::Done(Err(e.clone())),
+                Ok(node) => match node.checkout_idle(lane) {
+                    Ok(Some(pooled)) => Slot::Ready(pooled),
+                    Ok(None) => Slot::Connect,
+                    Err(e) => Slot::Done(Err(e)),
+                },
             })
             .collect();
-        Round { outcomes }
-    }
-}
-
-/// Checks out one connection per node; nodes without an idle connection connect in
-/// threads of their own, in parallel.
-fn checkout_all<'a>(nodes: &'a [Result<Arc<Node>>], how: &Exec<'_>) -> Vec<Result<Pooled<'a>>> {
-    let take = |node: &'a Result<Arc<Node>>| -> Result<Pooled<'a>> {
-        let node = node.as_ref().map_err(Clone::clone)?;
-        node.checkout_with(how, Check::Later)?.ok_or_else(|| {
-            Error::new(
-                crate::error::ErrorKind::Internal,
-                "no connection on the lane",
-            )
-        })
-    };
-    let must_connect = nodes
-        .iter()
-        .filter(|n| n.as_ref().is_ok_and(|n| !n.has_idle(how.lane)))
-        .count();
-    if must_connect <= 1 {
-        return nodes.iter().map(take).collect();
-    }
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = nodes
-            .iter()
-            .map(|node| {
-                let connects = node.as_ref().is_ok_and(|n| !n.has_idle(how.lane));
-                let thread = connects.then(|| {
-                    crate::process::spawn_without_signals(|| {
+        look_at_idle(&mut slots);
+        // The servers this round's connections reached, by member: a member found to be
+        // an earlier one's server is left out.
+        let claims: Mutex<Vec<Option<Box<str>>>> = Mutex::new(vec![None; slots.len()]);
+        for (i, slot) in slots.iter_mut().enumerate() {
+            if let Slot::Ready(pooled) = slot {
+                if let Err(e) = self.claim(&claims, i, pooled.conn()) {
+                    *slot = Slot::Done(Err(e));
+                }
+            }
+        }
+        if !slots.iter().any(|s| matches!(s, Slot::Connect)) {
+            let outcomes = self.exchange_ready(&nodes, slots, calls, &how);
+            return self.finish_round(outcomes);
+        }
+        let outcomes = std::thread::scope(|scope| {
+            let connecting: Vec<(usize, ScopedJoinHandle<'_, Result<Vec<Value>>>)> = slots
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, slot)| matches!(slot, Slot::Connect))
+                .filter_map(|(i, slot)| {
+                    let Ok(node) = &nodes[i] else {
+                        return None;
+                    };
+                    let (how, claims) = (&how, &claims);
+                    let connect_and_send =
+                        move || self.connect_and_send(i, node, calls, how, claims);
+                    let thread = crate::process::spawn_without_signals(|| {
                         std::thread::Builder::new()
                             .name("redlease-connect".into())
                             .stack_size(128 * 1024)
-                            .spawn_scoped(scope, move || take(node))
-                    })
-                });
-                match thread {
-                    Some(Ok(thread)) => Err(thread),
-                    // No thread to spare (the process's limit): connect here, in turn.
-                    Some(Err(_)) | None => Ok(take(node)),
-                }
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| match h {
-                Ok(done) => done,
-                Err(thread) => thread.join().unwrap_or_else(|_| {
+                            .spawn_scoped(scope, connect_and_send)
+                    });
+                    match thread {
+                        Ok(thread) => Some((i, thread)),
+                        // No thread to spare (the process's limit): this one connects
+                        // here, in turn, before the others are written to.
+                        Err(_) => {
+                            *slot = Slot::Done(self.connect_and_send(i, node, calls, how, claims));
+                            None
+                        }
+                    }
+                })
+                .collect();
+            let mut outcomes = self.exchange_ready(&nodes, slots, calls, &how);
+            for (i, thread) in connecting {
+                outcomes[i] = thread.join().unwrap_or_else(|_| {
                     Err(Error::new(
                         crate::error::ErrorKind::Internal,
                         "a connecting thread panicked",
                     ))
-                }),
+                });
+            }
+            outcomes
+        });
+        self.finish_round(outcomes)
+    }
+
+    /// Writes `calls` to every member with a connection at hand, then reads their replies;
+    /// the others' outcomes are left as they are (a placeholder for those connecting).
+    fn exchange_ready(
+        &self,
+        nodes: &[Result<Arc<Node>>],
+        slots: Vec<Slot<'_>>,
+        calls: &[Call],
+        how: &Exec<'_>,
+    ) -> Vec<Result<Vec<Value>>> {
+        let in_flight: Vec<Flight<'_>> = slots
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Ready(mut pooled) => match send_calls(pooled.conn(), calls, how) {
+                    Ok(at) => Flight::Sent(pooled, at),
+                    Err(e) => Flight::Done(Err(e)),
+                },
+                Slot::Done(outcome) => Flight::Done(outcome),
+                Slot::Connect => Flight::Done(Ok(Vec::new())),
+            })
+            .collect();
+        in_flight
+            .into_iter()
+            .enumerate()
+            .map(|(i, flight)| match flight {
+                Flight::Sent(mut pooled, at) => {
+                    self.read_replies(i, &nodes[i], pooled.conn(), calls, at, how)
+                }
+                Flight::Done(outcome) => outcome,
             })
             .collect()
-    })
+    }
+
+    /// A member without a connection at hand: connects, then writes and reads, unless the
+    /// connection reached a server another member's did.
+    fn connect_and_send(
+        &self,
+        i: usize,
+        node: &Arc<Node>,
+        calls: &[Call],
+        how: &Exec<'_>,
+        claims: &Mutex<Vec<Option<Box<str>>>>,
+    ) -> Result<Vec<Value>> {
+        let mut pooled = node.checkout(how)?.ok_or_else(|| {
+            Error::new(
+                crate::error::ErrorKind::Internal,
+                "no connection on the lane",
+            )
+        })?;
+        self.claim(claims, i, pooled.conn())?;
+        let at = send_calls(pooled.conn(), calls, how)?;
+        self.read_replies(i, &Ok(node.clone()), pooled.conn(), calls, at, how)
+    }
+
+    /// Reads member `i`'s replies; a member that answers `READONLY` (demoted) is forgotten.
+    fn read_replies(
+        &self,
+        i: usize,
+        node: &Result<Arc<Node>>,
+        conn: &mut Connection,
+        calls: &[Call],
+        at: Instant,
+        how: &Exec<'_>,
+    ) -> Result<Vec<Value>> {
+        let replies = finish_calls(conn, calls, at, how)?;
+        if let (Ok(node), Some(Value::ServerError(_))) = (node, replies.values.first()) {
+            if matches!(
+                Redirect::of(&replies.values[0], &node.addr),
+                Some(Redirect::ReadOnly)
+            ) {
+                self.members[i].node_failed(node);
+            }
+        }
+        Ok(replies.values)
+    }
+
+    /// Records the server member `i`'s connection reached.
+    ///
+    /// Errors: [`crate::ErrorKind::InvalidArgument`] when another member's connection of
+    /// this round reached the same server (the same `run_id`).
+    fn claim(
+        &self,
+        claims: &Mutex<Vec<Option<Box<str>>>>,
+        i: usize,
+        conn: &Connection,
+    ) -> Result<()> {
+        let Some(id) = conn.server_id() else {
+            return Ok(());
+        };
+        let mut claims = claims.lock().unwrap_or_else(PoisonError::into_inner);
+        claims[i] = Some(id.into());
+        let Some((a, b)) = crate::core::quorum::one_server_twice(&claims) else {
+            return Ok(());
+        };
+        let other = if a == i { b } else { a };
+        claims[i] = None;
+        let names = self.names();
+        Err(Error::invalid(format!(
+            "Redlock members {} and {} are one server (run_id {id}): list each primary once \
+             (one server under two names passes for two members, and losing it loses both)",
+            names[other.min(i)],
+            names[other.max(i)],
+        )))
+    }
+
+    /// The round, with the error of a member left out for being another's server.
+    fn finish_round(&self, outcomes: Vec<Result<Vec<Value>>>) -> Round {
+        let one_server = outcomes.iter().find_map(|o| match o {
+            Err(e) if e.kind() == crate::error::ErrorKind::InvalidArgument => Some(e.clone()),
+            _ => None,
+        });
+        Round {
+            outcomes,
+            one_server,
+        }
+    }
 }
 
-/// Looks at the idle connections [`checkout_all`] handed out, all at once (one system call
-/// rather than one per member), and replaces those a server closed while they were idle
-/// (a restarted member), connecting before `connect_by`. A member whose connect fails has
-/// that error as its checkout.
-fn replace_closed(checkouts: &mut [Result<Pooled<'_>>], connect_by: Instant) {
-    let unchecked: Vec<usize> = (0..checkouts.len())
-        .filter(|&i| checkouts[i].as_ref().is_ok_and(Pooled::unchecked))
+/// A member's connection at the start of a round.
+enum Slot<'a> {
+    /// An idle connection, not looked at yet (then looked at).
+    Ready(Pooled<'a>),
+    /// No connection at hand: one must be made.
+    Connect,
+    /// Nothing to send: the member's outcome.
+    Done(Result<Vec<Value>>),
+}
+
+/// A member's request in a round.
+enum Flight<'a> {
+    Sent(Pooled<'a>, Instant),
+    Done(Result<Vec<Value>>),
+}
+
+/// Looks at the idle connections of a round all at once (one system call rather than one
+/// per member): one a server closed while idle (a restarted member) is dropped, and its
+/// member connects afresh.
+fn look_at_idle(slots: &mut [Slot<'_>]) {
+    let unchecked: Vec<usize> = (0..slots.len())
+        .filter(|&i| matches!(&slots[i], Slot::Ready(p) if p.unchecked()))
         .collect();
     if unchecked.is_empty() {
         return;
     }
     let usable = {
-        let mut conns: Vec<&mut Connection> = checkouts
+        let mut conns: Vec<&mut Connection> = slots
             .iter_mut()
             .enumerate()
             .filter(|(i, _)| unchecked.contains(i))
-            .filter_map(|(_, c)| c.as_mut().ok().map(Pooled::conn))
+            .filter_map(|(_, slot)| match slot {
+                Slot::Ready(pooled) => Some(pooled.conn()),
+                _ => None,
+            })
             .collect();
         usable_together(&mut conns)
     };
     for (i, usable) in unchecked.into_iter().zip(usable) {
-        if let Ok(pooled) = &mut checkouts[i] {
-            if usable {
+        if usable {
+            if let Slot::Ready(pooled) = &mut slots[i] {
                 pooled.checked();
-            } else if let Err(e) = pooled.replace(connect_by) {
-                checkouts[i] = Err(e);
             }
+        } else if let Slot::Ready(pooled) = std::mem::replace(&mut slots[i], Slot::Connect) {
+            pooled.discard();
         }
     }
 }

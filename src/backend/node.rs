@@ -13,7 +13,7 @@ use crate::backend::wire::{reply, run_calls};
 use crate::connection::{Connection, Connector};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lane::Lane;
-use crate::pool::{Check, Pool, Pooled};
+use crate::pool::{Pool, Pooled};
 use crate::tls::TlsSetup;
 use crate::url::{Addr, Login};
 
@@ -31,6 +31,9 @@ pub(crate) struct NodeFactory {
     pub login: Login,
     pub connect_timeout: Duration,
     pub pool_size: usize,
+    /// Whether connections ask the server's `run_id` (Redlock members: see
+    /// [`crate::backend::members`]).
+    pub identify: bool,
 }
 
 impl NodeFactory {
@@ -42,6 +45,7 @@ impl NodeFactory {
                 self.login.clone(),
                 self.connect_timeout,
             )
+            .identifying(self.identify)
         };
         Arc::new(Node {
             addr: addr.clone(),
@@ -113,27 +117,23 @@ impl Node {
     /// A connection on `how.lane` (connecting by the cutoff, or within the connect
     /// timeout). `Ok(None)` on the blocking lane when all its connections are taken.
     pub fn checkout(&self, how: &Exec<'_>) -> Result<Option<Pooled<'_>>> {
-        self.checkout_with(how, Check::Now)
-    }
-
-    /// As [`checkout`](Self::checkout), with an idle connection looked at `check` (see
-    /// [`crate::pool::Pool::checkout`]).
-    pub fn checkout_with(&self, how: &Exec<'_>, check: Check) -> Result<Option<Pooled<'_>>> {
-        let pool = match how.lane {
-            Lane::Renewal => &self.renewal,
-            Lane::Caller(_) | Lane::Blocking | Lane::Urgent => &self.pool,
-        };
+        let pool = self.pool_of(how.lane);
         let connect_by = how
             .cutoff
             .unwrap_or_else(|| Instant::now() + pool.connector.connect_timeout);
-        pool.checkout(how.lane, connect_by, check)
+        pool.checkout(how.lane, connect_by)
     }
 
-    /// Whether an idle connection is at hand (a checkout would not have to connect).
-    pub fn has_idle(&self, lane: Lane) -> bool {
+    /// An idle connection on `lane`, not looked at yet (see [`Pool::checkout_idle`]);
+    /// `Ok(None)` when none is at hand. Never connects.
+    pub fn checkout_idle(&self, lane: Lane) -> Result<Option<Pooled<'_>>> {
+        self.pool_of(lane).checkout_idle(lane)
+    }
+
+    fn pool_of(&self, lane: Lane) -> &Pool {
         match lane {
-            Lane::Renewal => self.renewal.has_idle(),
-            _ => self.pool.has_idle(),
+            Lane::Renewal => &self.renewal,
+            Lane::Caller(_) | Lane::Blocking | Lane::Urgent => &self.pool,
         }
     }
 

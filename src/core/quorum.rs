@@ -29,6 +29,19 @@ pub(crate) fn quorum(n: usize) -> usize {
     n / 2 + 1
 }
 
+/// The first two members that are one server: those whose connections reported the same
+/// server id (`run_id`); members without one (not connected, or not telling) are never
+/// matched. One server listed twice passes for two members: losing it loses both.
+pub(crate) fn one_server_twice<S: AsRef<str>>(ids: &[Option<S>]) -> Option<(usize, usize)> {
+    ids.iter().enumerate().find_map(|(j, id)| {
+        let id = id.as_ref()?.as_ref();
+        ids[..j]
+            .iter()
+            .position(|earlier| earlier.as_ref().is_some_and(|e| e.as_ref() == id))
+            .map(|i| (i, j))
+    })
+}
+
 /// What the members' answers to an acquire round come to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AcquireVerdict {
@@ -188,6 +201,22 @@ pub(crate) fn release(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_server_under_two_names_is_found_by_its_id() {
+        assert_eq!(one_server_twice::<&str>(&[]), None);
+        assert_eq!(one_server_twice(&[Some("a"), Some("b"), Some("c")]), None);
+        assert_eq!(
+            one_server_twice(&[Some("a"), None, Some("a")]),
+            Some((0, 2))
+        );
+        assert_eq!(
+            one_server_twice(&[Some("a"), Some("b"), Some("b"), Some("a")]),
+            Some((1, 2))
+        );
+        // Members not connected, or not telling, are not one server.
+        assert_eq!(one_server_twice::<&str>(&[None, None]), None);
+    }
 
     const NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
 

@@ -59,7 +59,9 @@ impl Quorum {
     }
 
     /// Sends `call` on `key` to every member, within a round's time for a lease of `ttl`
-    /// (never past `cutoff`), and reads each member's answer with `read`.
+    /// (never past `cutoff`), and reads each member's answer with `read`. Also returns the
+    /// error of a member left out for being another member's server (its answer is that
+    /// error: see [`Members::round`]).
     fn round<T>(
         &self,
         key: &str,
@@ -68,17 +70,18 @@ impl Quorum {
         ttl: Duration,
         cutoff: Option<Instant>,
         read: impl Fn(Option<Value>) -> Result<T>,
-    ) -> Vec<Result<T>> {
+    ) -> (Vec<Result<T>>, Option<Error>) {
         let mut until = Instant::now() + per_member(ttl, self.bounds.io);
         if let Some(cutoff) = cutoff {
             until = until.min(cutoff);
         }
-        self.members
-            .round(key, &[call], lane, until)
+        let round = self.members.round(key, &[call], lane, until);
+        let answers = round
             .outcomes
             .into_iter()
             .map(|outcome| outcome.and_then(|values| read(values.into_iter().next())))
-            .collect()
+            .collect();
+        (answers, round.one_server)
     }
 
     /// One command on every member, within one I/O timeout; the answers of those that
@@ -147,7 +150,7 @@ impl LockServer for Quorum {
         // Redlock hands out no fencing tokens: the members' counters would only count.
         let call = calls::member_attempt(request.hold, request.ttl);
         let start = Instant::now();
-        let answers = self.round(
+        let (answers, one_server) = self.round(
             &keys.lock,
             call,
             Lane::Urgent,
@@ -155,6 +158,12 @@ impl LockServer for Quorum {
             request.exec.cutoff,
             |value| reply::member_attempt(value, request.ttl),
         );
+        if let Some(e) = one_server {
+            // Refused, so that the mistake is seen, after the round went to the other
+            // members: it may have taken the lock there, and the acquire gives it back
+            // (a release round leaves the member out and counts it as not answering).
+            return Err(e.sent());
+        }
         let names = self.members.names();
         match quorum::acquire(
             &keys.lock,
@@ -198,14 +207,16 @@ impl LockServer for Quorum {
             .kind
             .extend(hold.keys, hold.token, ttl.as_millis() as u64);
         let start = Instant::now();
-        let answers = self.round(
-            &hold.keys.lock,
-            call,
-            Lane::Renewal,
-            ttl,
-            exec.cutoff,
-            reply::extend,
-        );
+        let answers = self
+            .round(
+                &hold.keys.lock,
+                call,
+                Lane::Renewal,
+                ttl,
+                exec.cutoff,
+                reply::extend,
+            )
+            .0;
         let reply = quorum::extend(&hold.keys.lock, &answers, &self.members.names())?;
         Ok(Answer {
             reply,
@@ -222,14 +233,16 @@ impl LockServer for Quorum {
         exec: &Exec<'_>,
     ) -> Result<ReleaseReply> {
         let call = self.release_call(hold.kind, hold.keys, hold.token, withdraw);
-        let answers = self.round(
-            &hold.keys.lock,
-            call,
-            Lane::Urgent,
-            ttl,
-            exec.cutoff,
-            reply::release,
-        );
+        let answers = self
+            .round(
+                &hold.keys.lock,
+                call,
+                Lane::Urgent,
+                ttl,
+                exec.cutoff,
+                reply::release,
+            )
+            .0;
         quorum::release(&hold.keys.lock, &answers, &self.members.names())
     }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use redlease::{Client, ClientOptions, ErrorKind};
 
 use crate::support::proxy::Proxy;
-use crate::support::{RedisServer, now_ns, within};
+use crate::support::{RedisServer, eventually, now_ns, within};
 
 fn primaries(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
@@ -48,6 +48,43 @@ fn bad_member_lists_are_refused() {
     let many: Vec<&str> = many.iter().map(String::as_str).collect();
     assert!(Client::redlock(&many, ClientOptions::default()).is_err());
     assert!(Client::redlock(&many[..15], ClientOptions::default()).is_ok());
+}
+
+/// Two URLs of one server (its own address, and a proxy's in front of it) pass the URL
+/// check: the server is told by the `run_id` each connection asks, and the first call
+/// fails with `InvalidArgument` naming both, its attempt given back. Without the check the two
+/// would pass for two members of three, and the lock would be granted by two servers where
+/// the list promises three (losing the one listed twice would lose two members).
+#[test]
+fn one_server_under_two_addresses_is_refused_once_connected() {
+    let servers = primaries(2);
+    let proxy = Proxy::start(servers[0].port);
+    let urls = [servers[0].url(), servers[1].url(), proxy.url()];
+    let client = redlock(&urls);
+    let err = client.lock("twice").try_acquire().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let message = err.to_string();
+    assert!(message.contains("one server"), "{message}");
+    assert!(
+        message.contains(&urls[0]) || message.contains(&format!("{}", servers[0].port)),
+        "{message}"
+    );
+    // The attempt went to the other members (the members connect in parallel, and the
+    // second to reach the server is left out): it is given back there.
+    for server in &servers {
+        assert!(
+            eventually(Duration::from_secs(5), || server
+                .cmd::<i64>(&["EXISTS", "twice"])
+                == 0),
+            "the attempt was not given back"
+        );
+    }
+    // A deployment whose members are distinct servers, one of them behind the proxy, works.
+    let third = RedisServer::start();
+    let client = redlock(&[proxy.url(), servers[1].url(), third.url()]);
+    let guard = client.lock("twice").try_acquire().unwrap();
+    assert_eq!(servers[0].cmd::<i64>(&["EXISTS", "twice"]), 1);
+    guard.release().unwrap();
 }
 
 /// For all 32 subsets of unavailable primaries among 5 (some stopped with SIGSTOP, some
@@ -216,6 +253,71 @@ fn every_call_is_bounded_with_a_member_blackholed() {
         started.elapsed()
     );
     proxy.blackhole(false);
+}
+
+/// A TCP port on which connects are never answered, as on a host cut off from the network
+/// or powered off: a listener with a backlog of 0 whose queue is full and never accepted,
+/// so that the kernel drops further SYNs.
+struct Unanswering {
+    port: u16,
+    _listener: socket2::Socket,
+    _queued: Vec<std::net::TcpStream>,
+}
+
+impl Unanswering {
+    fn start() -> Unanswering {
+        use socket2::{Domain, Socket, Type};
+        let listener = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        listener.bind(&any.into()).unwrap();
+        listener.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap().as_socket().unwrap();
+        let mut queued = Vec::new();
+        loop {
+            match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+                Ok(stream) => queued.push(stream),
+                Err(_) => break,
+            }
+            assert!(queued.len() < 16, "the accept queue never filled");
+        }
+        Unanswering {
+            port: addr.port(),
+            _listener: listener,
+            _queued: queued,
+        }
+    }
+}
+
+/// A member whose connects go unanswered (its host cut off) must cost the others nothing:
+/// they are written to at once while it connects on a thread of its own, and the lock is
+/// acquired, extended (on the renewal connections, made afresh) and released on the
+/// majority, round after round. (A round that waited for every member's connect before
+/// writing to any spent its whole time on that one and failed on all.)
+#[test]
+fn a_member_whose_connects_go_unanswered_leaves_the_majority_working() {
+    let servers = primaries(2);
+    let cut_off = Unanswering::start();
+    let mut list = urls(&servers);
+    list.push(format!("redis://127.0.0.1:{}/0", cut_off.port));
+    let client = redlock(&list);
+    // 300 ms per member and round: ample for the two that answer.
+    let ttl = Duration::from_secs(3);
+    for _ in 0..2 {
+        let guard = client
+            .lock("cut-off")
+            .ttl(ttl)
+            .renew(false)
+            .try_acquire()
+            .unwrap();
+        for server in &servers {
+            assert_eq!(server.cmd::<i64>(&["EXISTS", "cut-off"]), 1);
+        }
+        guard.extend(ttl).unwrap();
+        guard.release().unwrap();
+        for server in &servers {
+            assert_eq!(server.cmd::<i64>(&["EXISTS", "cut-off"]), 0);
+        }
+    }
 }
 
 /// 8 threads in each of 2 processes contend for one Redlock lock: no two critical sections
