@@ -285,7 +285,7 @@ impl Connector {
 
 /// The `run_id` field of an `INFO server` reply: a random id the server draws when it
 /// starts, the same under every name and address it is reached by.
-fn run_id(info: &Value) -> Option<Box<str>> {
+fn run_id(info: &Value) -> Option<Arc<str>> {
     let text: &[u8] = match info {
         Value::BulkString(bytes) => bytes,
         Value::VerbatimString { text, .. } => text.as_bytes(),
@@ -595,7 +595,7 @@ pub(crate) struct Connection {
     /// Whether the plain socket's receive timeout was set to [`RECV_TIMEOUT`].
     recv_timeout: bool,
     /// The server's `run_id`, when its connector identifies servers.
-    server_id: Option<Box<str>>,
+    server_id: Option<Arc<str>>,
 }
 
 /// Reads from the connection for the parser, waiting until `deadline` and resuming after
@@ -730,8 +730,8 @@ impl Connection {
     /// (and has not answered `NOSCRIPT` since).
     /// The `run_id` of the server this connection reached, when its connector asked it
     /// (see [`Connector::identifying`]) and the server told it.
-    pub fn server_id(&self) -> Option<&str> {
-        self.server_id.as_deref()
+    pub fn server_id(&self) -> Option<&Arc<str>> {
+        self.server_id.as_ref()
     }
 
     pub fn knows_script(&self, sha: &str) -> bool {

@@ -65,26 +65,22 @@ impl Members {
     pub fn round(&self, key: &str, calls: &[Call], lane: Lane, deadline: Instant) -> Round {
         let how = Exec::new(lane, deadline.saturating_duration_since(Instant::now()))
             .cutoff(Some(deadline));
-        let nodes: Vec<Result<Arc<Node>>> = self
-            .members
-            .iter()
-            .map(|m| m.node_for(key, deadline))
-            .collect();
+        // Members whose server is known without asking anyone; the others (a Sentinel
+        // deployment to ask) find it on their connecting thread.
+        let nodes: Vec<Option<Arc<Node>>> =
+            self.members.iter().map(|m| m.known_node(key)).collect();
         let mut slots: Vec<Slot<'_>> = nodes
             .iter()
-            .map(|node| match node {
-                Err(e) => Slot::Done(Err(e.clone())),
-                Ok(node) => match node.checkout_idle(lane) {
-                    Ok(Some(pooled)) => Slot::Ready(pooled),
-                    Ok(None) => Slot::Connect,
-                    Err(e) => Slot::Done(Err(e)),
-                },
+            .map(|node| match node.as_ref().map(|n| n.checkout_idle(lane)) {
+                None | Some(Ok(None)) => Slot::Connect,
+                Some(Ok(Some(pooled))) => Slot::Ready(pooled),
+                Some(Err(e)) => Slot::Done(Err(e)),
             })
             .collect();
         look_at_idle(&mut slots);
         // The servers this round's connections reached, by member: a member found to be
         // an earlier one's server is left out.
-        let claims: Mutex<Vec<Option<Box<str>>>> = Mutex::new(vec![None; slots.len()]);
+        let claims: Mutex<Vec<Option<Arc<str>>>> = Mutex::new(vec![None; slots.len()]);
         for (i, slot) in slots.iter_mut().enumerate() {
             if let Slot::Ready(pooled) = slot {
                 if let Err(e) = self.claim(&claims, i, pooled.conn()) {
@@ -102,12 +98,9 @@ impl Members {
                 .enumerate()
                 .filter(|(_, slot)| matches!(slot, Slot::Connect))
                 .filter_map(|(i, slot)| {
-                    let Ok(node) = &nodes[i] else {
-                        return None;
-                    };
-                    let (how, claims) = (&how, &claims);
+                    let (node, how, claims) = (nodes[i].as_ref(), &how, &claims);
                     let connect_and_send =
-                        move || self.connect_and_send(i, node, calls, how, claims);
+                        move || self.connect_and_send(i, (key, node, deadline), calls, how, claims);
                     let thread = crate::process::spawn_without_signals(|| {
                         std::thread::Builder::new()
                             .name("redlease-connect".into())
@@ -119,7 +112,13 @@ impl Members {
                         // No thread to spare (the process's limit): this one connects
                         // here, in turn, before the others are written to.
                         Err(_) => {
-                            *slot = Slot::Done(self.connect_and_send(i, node, calls, how, claims));
+                            *slot = Slot::Done(self.connect_and_send(
+                                i,
+                                (key, node, deadline),
+                                calls,
+                                how,
+                                claims,
+                            ));
                             None
                         }
                     }
@@ -143,7 +142,7 @@ impl Members {
     /// the others' outcomes are left as they are (a placeholder for those connecting).
     fn exchange_ready(
         &self,
-        nodes: &[Result<Arc<Node>>],
+        nodes: &[Option<Arc<Node>>],
         slots: Vec<Slot<'_>>,
         calls: &[Call],
         how: &Exec<'_>,
@@ -164,23 +163,28 @@ impl Members {
             .enumerate()
             .map(|(i, flight)| match flight {
                 Flight::Sent(mut pooled, at) => {
-                    self.read_replies(i, &nodes[i], pooled.conn(), calls, at, how)
+                    self.read_replies(i, nodes[i].as_ref(), pooled.conn(), calls, at, how)
                 }
                 Flight::Done(outcome) => outcome,
             })
             .collect()
     }
 
-    /// A member without a connection at hand: connects, then writes and reads, unless the
+    /// A member without a connection at hand: finds the server of `key` (`known`, or by
+    /// asking its Sentinels before `deadline`), connects, then writes and reads, unless the
     /// connection reached a server another member's did.
     fn connect_and_send(
         &self,
         i: usize,
-        node: &Arc<Node>,
+        (key, known, deadline): (&str, Option<&Arc<Node>>, Instant),
         calls: &[Call],
         how: &Exec<'_>,
-        claims: &Mutex<Vec<Option<Box<str>>>>,
+        claims: &Mutex<Vec<Option<Arc<str>>>>,
     ) -> Result<Vec<Value>> {
+        let node = match known {
+            Some(node) => node.clone(),
+            None => self.members[i].node_for(key, deadline)?,
+        };
         let mut pooled = node.checkout(how)?.ok_or_else(|| {
             Error::new(
                 crate::error::ErrorKind::Internal,
@@ -189,21 +193,21 @@ impl Members {
         })?;
         self.claim(claims, i, pooled.conn())?;
         let at = send_calls(pooled.conn(), calls, how)?;
-        self.read_replies(i, &Ok(node.clone()), pooled.conn(), calls, at, how)
+        self.read_replies(i, Some(&node), pooled.conn(), calls, at, how)
     }
 
     /// Reads member `i`'s replies; a member that answers `READONLY` (demoted) is forgotten.
     fn read_replies(
         &self,
         i: usize,
-        node: &Result<Arc<Node>>,
+        node: Option<&Arc<Node>>,
         conn: &mut Connection,
         calls: &[Call],
         at: Instant,
         how: &Exec<'_>,
     ) -> Result<Vec<Value>> {
         let replies = finish_calls(conn, calls, at, how)?;
-        if let (Ok(node), Some(Value::ServerError(_))) = (node, replies.values.first()) {
+        if let (Some(node), Some(Value::ServerError(_))) = (node, replies.values.first()) {
             if matches!(
                 Redirect::of(&replies.values[0], &node.addr),
                 Some(Redirect::ReadOnly)
@@ -220,7 +224,7 @@ impl Members {
     /// this round reached the same server (the same `run_id`).
     fn claim(
         &self,
-        claims: &Mutex<Vec<Option<Box<str>>>>,
+        claims: &Mutex<Vec<Option<Arc<str>>>>,
         i: usize,
         conn: &Connection,
     ) -> Result<()> {
@@ -228,7 +232,7 @@ impl Members {
             return Ok(());
         };
         let mut claims = claims.lock().unwrap_or_else(PoisonError::into_inner);
-        claims[i] = Some(id.into());
+        claims[i] = Some(id.clone());
         let Some((a, b)) = crate::core::quorum::one_server_twice(&claims) else {
             return Ok(());
         };

@@ -109,6 +109,18 @@ impl Backend {
         }
     }
 
+    /// The node that owns `key` when that is known without asking anyone: a single
+    /// server's, a Sentinel deployment's primary while it is trusted (named less than a
+    /// second ago); `None` when [`node_for`](Self::node_for) would ask (Sentinels, a
+    /// cluster's topology).
+    pub fn known_node(&self, _key: &str) -> Option<Arc<Node>> {
+        match &self.deployment {
+            Deployment::Single(node) => Some(node.clone()),
+            Deployment::Sentinel(sentinel) => sentinel.trusted_primary(),
+            Deployment::Cluster(_) => None,
+        }
+    }
+
     /// `node` failed a request: stop using it until rediscovered (Sentinel).
     pub fn node_failed(&self, node: &Arc<Node>) {
         if let Deployment::Sentinel(sentinel) = &self.deployment {

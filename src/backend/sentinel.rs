@@ -88,6 +88,15 @@ impl Sentinel {
         redirect::follow(self, calls, how, deadline)
     }
 
+    /// The primary in use while it is trusted without asking the Sentinels again (named
+    /// less than [`RECHECK`] ago); `None` when [`primary_node`](Self::primary_node) would
+    /// ask them.
+    pub fn trusted_primary(&self) -> Option<Arc<Node>> {
+        let primary = self.primary();
+        let (node, named) = primary.as_ref()?;
+        (Instant::now().saturating_duration_since(*named) < RECHECK).then(|| node.clone())
+    }
+
     /// The primary's node, discovering it if needed.
     pub fn primary_node(&self, deadline: Instant) -> Result<Arc<Node>> {
         self.current(deadline)

@@ -291,15 +291,26 @@ impl Unanswering {
 /// A member whose connects go unanswered (its host cut off) must cost the others nothing:
 /// they are written to at once while it connects on a thread of its own, and the lock is
 /// acquired, extended (on the renewal connections, made afresh) and released on the
-/// majority, round after round. (A round that waited for every member's connect before
-/// writing to any spent its whole time on that one and failed on all.)
+/// majority, round after round. The same for a Sentinel member whose Sentinels are cut
+/// off (it asks them on that thread). (A round that waited for every member's connect, or
+/// a Sentinel member's discovery, before writing to any spent its whole time on that one
+/// and failed on all.)
 #[test]
 fn a_member_whose_connects_go_unanswered_leaves_the_majority_working() {
     let servers = primaries(2);
     let cut_off = Unanswering::start();
-    let mut list = urls(&servers);
-    list.push(format!("redis://127.0.0.1:{}/0", cut_off.port));
-    let client = redlock(&list);
+    for third in [
+        format!("redis://127.0.0.1:{}/0", cut_off.port),
+        format!("redis+sentinel://127.0.0.1:{}/mymaster", cut_off.port),
+    ] {
+        let mut list = urls(&servers);
+        list.push(third);
+        let client = redlock(&list);
+        a_majority_acquires_extends_and_releases(&client, &servers);
+    }
+}
+
+fn a_majority_acquires_extends_and_releases(client: &Client, servers: &[RedisServer]) {
     // 300 ms per member and round: ample for the two that answer.
     let ttl = Duration::from_secs(3);
     for _ in 0..2 {
@@ -309,12 +320,12 @@ fn a_member_whose_connects_go_unanswered_leaves_the_majority_working() {
             .renew(false)
             .try_acquire()
             .unwrap();
-        for server in &servers {
+        for server in servers {
             assert_eq!(server.cmd::<i64>(&["EXISTS", "cut-off"]), 1);
         }
         guard.extend(ttl).unwrap();
         guard.release().unwrap();
-        for server in &servers {
+        for server in servers {
             assert_eq!(server.cmd::<i64>(&["EXISTS", "cut-off"]), 0);
         }
     }
