@@ -764,14 +764,20 @@ fn sleeps_of_this_thread() -> u64 {
 
 /// A blocked waiter sleeps once, until the release hands it the lock: the reply of its
 /// attempt (the lock was held), which comes long before, does not wake it on its own.
+/// A loaded host can add sleeps (a reply split across segments, a contended mutex) but
+/// never take one away, so the rounds after the first (which warms the waiter's blocking
+/// connection: connecting sleeps too) are tried until one is quiet: a waiter that polled
+/// or woke for its attempt's reply would sleep more than once in every round.
 #[test]
 fn a_blocked_waiter_sleeps_once_until_it_is_handed_the_lock() {
     let server = RedisServer::start();
     let client = client(&server.url());
     let mut holder = client.lock("quiet").try_acquire().unwrap();
     let mut sleeps = Vec::new();
-    // The first round warms the waiter's blocking connection (connecting sleeps too).
-    for _ in 0..2 {
+    for _ in 0..6 {
+        if sleeps.len() > 1 && sleeps[1..].contains(&1) {
+            break;
+        }
         let blocks = server.calls("blpop");
         let waiter = {
             let client = client.clone();
@@ -801,7 +807,7 @@ fn a_blocked_waiter_sleeps_once_until_it_is_handed_the_lock() {
         }));
         holder = client.lock("quiet").try_acquire().unwrap();
     }
-    assert_eq!(sleeps[1], 1, "{sleeps:?}");
+    assert_eq!(sleeps[1..].iter().min(), Some(&1), "{sleeps:?}");
 }
 
 #[test]
