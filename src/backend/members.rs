@@ -80,7 +80,10 @@ impl Members {
         look_at_idle(&mut slots);
         // The servers this round's connections reached, by member: a member found to be
         // an earlier one's server is left out.
-        let claims: Mutex<Vec<Option<Arc<str>>>> = Mutex::new(vec![None; slots.len()]);
+        let claims = Mutex::new(Claims {
+            ids: vec![None; slots.len()],
+            one_server: None,
+        });
         for (i, slot) in slots.iter_mut().enumerate() {
             if let Slot::Ready(pooled) = slot {
                 if let Err(e) = self.claim(&claims, i, pooled.conn()) {
@@ -90,7 +93,7 @@ impl Members {
         }
         if !slots.iter().any(|s| matches!(s, Slot::Connect)) {
             let outcomes = self.exchange_ready(&nodes, slots, calls, &how);
-            return self.finish_round(outcomes);
+            return self.finish_round(outcomes, claims);
         }
         let outcomes = std::thread::scope(|scope| {
             let connecting: Vec<(usize, ScopedJoinHandle<'_, Result<Vec<Value>>>)> = slots
@@ -135,7 +138,7 @@ impl Members {
             }
             outcomes
         });
-        self.finish_round(outcomes)
+        self.finish_round(outcomes, claims)
     }
 
     /// Writes `calls` to every member with a connection at hand, then reads their replies;
@@ -179,7 +182,7 @@ impl Members {
         (key, known, deadline): (&str, Option<&Arc<Node>>, Instant),
         calls: &[Call],
         how: &Exec<'_>,
-        claims: &Mutex<Vec<Option<Arc<str>>>>,
+        claims: &Mutex<Claims>,
     ) -> Result<Vec<Value>> {
         let node = match known {
             Some(node) => node.clone(),
@@ -222,42 +225,44 @@ impl Members {
     ///
     /// Errors: [`crate::ErrorKind::InvalidArgument`] when another member's connection of
     /// this round reached the same server (the same `run_id`).
-    fn claim(
-        &self,
-        claims: &Mutex<Vec<Option<Arc<str>>>>,
-        i: usize,
-        conn: &Connection,
-    ) -> Result<()> {
+    fn claim(&self, claims: &Mutex<Claims>, i: usize, conn: &Connection) -> Result<()> {
         let Some(id) = conn.server_id() else {
             return Ok(());
         };
         let mut claims = claims.lock().unwrap_or_else(PoisonError::into_inner);
-        claims[i] = Some(id.clone());
-        let Some((a, b)) = crate::core::quorum::one_server_twice(&claims) else {
+        claims.ids[i] = Some(id.clone());
+        let Some((a, b)) = crate::core::quorum::one_server_twice(&claims.ids) else {
             return Ok(());
         };
         let other = if a == i { b } else { a };
-        claims[i] = None;
+        claims.ids[i] = None;
         let names = self.names();
-        Err(Error::invalid(format!(
+        let error = Error::invalid(format!(
             "Redlock members {} and {} are one server (run_id {id}): list each primary once \
              (one server under two names passes for two members, and losing it loses both)",
             names[other.min(i)],
             names[other.max(i)],
-        )))
+        ));
+        claims.one_server.get_or_insert_with(|| error.clone());
+        Err(error)
     }
 
     /// The round, with the error of a member left out for being another's server.
-    fn finish_round(&self, outcomes: Vec<Result<Vec<Value>>>) -> Round {
-        let one_server = outcomes.iter().find_map(|o| match o {
-            Err(e) if e.kind() == crate::error::ErrorKind::InvalidArgument => Some(e.clone()),
-            _ => None,
-        });
+    fn finish_round(&self, outcomes: Vec<Result<Vec<Value>>>, claims: Mutex<Claims>) -> Round {
+        let claims = claims.into_inner().unwrap_or_else(PoisonError::into_inner);
         Round {
             outcomes,
-            one_server,
+            one_server: claims.one_server,
         }
     }
+}
+
+/// The servers a round's connections reached, by member.
+struct Claims {
+    /// Each member's server id (`run_id`), once its connection is known.
+    ids: Vec<Option<Arc<str>>>,
+    /// The error of the first member left out for being another's server.
+    one_server: Option<Error>,
 }
 
 /// A member's connection at the start of a round.
