@@ -57,8 +57,9 @@ impl Client {
     /// Errors: [`crate::ErrorKind::InvalidArgument`] for no URL, more than 15, a malformed or
     /// Cluster URL, or a duplicate. Two URLs that name one server differently (`localhost`
     /// and `127.0.0.1`, a second address of the host) are told apart once connected, by the
-    /// `run_id` each connection asks: every call of the client's locks then fails with
-    /// [`crate::ErrorKind::InvalidArgument`] naming both, and sends nothing.
+    /// `run_id` each connection asks with its first request: the member found second is
+    /// sent nothing more, and an acquire fails with [`crate::ErrorKind::InvalidArgument`]
+    /// naming both (after giving back what the other members granted).
     pub fn redlock(urls: &[&str], options: ClientOptions) -> Result<Client> {
         options.validate()?;
         if urls.is_empty() || urls.len() > 15 {

@@ -135,7 +135,7 @@ pub(crate) struct Connector {
     tls: Arc<TlsSetup>,
     login: Login,
     pub connect_timeout: Duration,
-    /// Ask the server's `run_id` on connect (see [`Connection::server_id`]).
+    /// Connections are to ask the server's `run_id` (see [`Connection::asks_identity`]).
     identify: bool,
 }
 
@@ -150,8 +150,9 @@ impl Connector {
         }
     }
 
-    /// With `identify`, each connection asks the server's `run_id` (`INFO server`, in the
-    /// login's pipeline): what tells one server reached under two names.
+    /// With `identify`, each connection is to ask the server's `run_id` (`INFO server`,
+    /// with its first request: see [`Connection::asks_identity`]): what tells one server
+    /// reached under two names.
     pub fn identifying(mut self, identify: bool) -> Self {
         self.identify = identify;
         self
@@ -229,14 +230,13 @@ impl Connector {
             quiet: None,
             recv_timeout: false,
             server_id: None,
+            unidentified: self.identify,
         };
         self.log_in(&mut conn, deadline)?;
         Ok(conn)
     }
 
-    /// `AUTH`, `SELECT` and, when identifying, `INFO server` in one pipeline; nothing else
-    /// is sent on connect. An `INFO` refused (an ACL, a renamed command) leaves the server
-    /// unidentified.
+    /// `AUTH` and `SELECT` in one pipeline; nothing else is sent on connect.
     fn log_in(&self, conn: &mut Connection, deadline: Instant) -> Result<()> {
         let mut packed = Vec::new();
         let mut replies = 0;
@@ -261,22 +261,13 @@ impl Connector {
                 .write_packed_command(&mut packed);
             replies += 1;
         }
-        let login_replies = replies;
-        if self.identify {
-            redis::cmd("INFO")
-                .arg("server")
-                .write_packed_command(&mut packed);
-            replies += 1;
-        }
         if replies == 0 {
             return Ok(());
         }
         conn.send(&packed, replies, deadline)?;
-        for i in 0..replies {
-            match conn.recv(deadline, &Watch::none())? {
-                Value::ServerError(e) if i < login_replies => return Err(Error::server(&e)),
-                info if i == login_replies => conn.server_id = run_id(&info),
-                _ => {}
+        for _ in 0..replies {
+            if let Value::ServerError(e) = conn.recv(deadline, &Watch::none())? {
+                return Err(Error::server(&e));
             }
         }
         Ok(())
@@ -596,6 +587,8 @@ pub(crate) struct Connection {
     recv_timeout: bool,
     /// The server's `run_id`, when its connector identifies servers.
     server_id: Option<Arc<str>>,
+    /// Its connector identifies servers, and the `run_id` was not asked yet.
+    unidentified: bool,
 }
 
 /// Reads from the connection for the parser, waiting until `deadline` and resuming after
@@ -726,14 +719,29 @@ impl Connection {
         }
     }
 
-    /// Whether this connection's server answered a script of this SHA1 without `NOSCRIPT`
-    /// (and has not answered `NOSCRIPT` since).
-    /// The `run_id` of the server this connection reached, when its connector asked it
-    /// (see [`Connector::identifying`]) and the server told it.
+    /// The `run_id` of the server this connection reached, when its connector identifies
+    /// servers (see [`Connector::identifying`]) and the server told it.
     pub fn server_id(&self) -> Option<&Arc<str>> {
         self.server_id.as_ref()
     }
 
+    /// Whether the caller is to ask the server's `run_id` (`INFO server`) with this
+    /// request, ahead of it in the same write, and give the reply to
+    /// [`identified`](Self::identified): true once, for a new connection of a connector
+    /// that identifies servers. Asking with the first request rather than on connect
+    /// costs no round trip.
+    pub fn asks_identity(&mut self) -> bool {
+        std::mem::take(&mut self.unidentified)
+    }
+
+    /// Records the server's reply to `INFO server` (see [`asks_identity`](Self::asks_identity));
+    /// a refusal (an ACL, a renamed command) leaves the server unidentified.
+    pub fn identified(&mut self, info: &Value) {
+        self.server_id = run_id(info);
+    }
+
+    /// Whether this connection's server answered a script of this SHA1 without `NOSCRIPT`
+    /// (and has not answered `NOSCRIPT` since).
     pub fn knows_script(&self, sha: &str) -> bool {
         self.scripts.contains(&sha)
     }

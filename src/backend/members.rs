@@ -11,6 +11,7 @@
 //! server (two names or addresses of it, which the URL check cannot tell apart) would
 //! pass for two, so the later one is sent nothing.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::ScopedJoinHandle;
 use std::time::{Duration, Instant};
@@ -92,49 +93,40 @@ impl Members {
             }
         }
         if !slots.iter().any(|s| matches!(s, Slot::Connect)) {
-            let outcomes = self.exchange_ready(&nodes, slots, calls, &how);
+            let outcomes = self.exchange_ready(&nodes, slots, calls, &how, &claims);
             return self.finish_round(outcomes, claims);
         }
         let outcomes = std::thread::scope(|scope| {
-            let connecting: Vec<(usize, ScopedJoinHandle<'_, Result<Vec<Value>>>)> = slots
-                .iter_mut()
-                .enumerate()
-                .filter(|(_, slot)| matches!(slot, Slot::Connect))
-                .filter_map(|(i, slot)| {
-                    let (node, how, claims) = (nodes[i].as_ref(), &how, &claims);
-                    let connect_and_send =
-                        move || self.connect_and_send(i, (key, node, deadline), calls, how, claims);
+            let (nodes, how, claims) = (&nodes, &how, &claims);
+            let connect_and_send = move |i: usize| {
+                let node = nodes[i].as_ref();
+                move || self.connect_and_send(i, (key, node, deadline), calls, how, claims)
+            };
+            // Per member that must connect: its thread, or `None` when no thread could
+            // be had (the process's limit): it then connects here, after the others.
+            let connecting: Vec<(usize, Option<Connecting<'_>>)> = (0..slots.len())
+                .filter(|&i| matches!(slots[i], Slot::Connect))
+                .map(|i| {
                     let thread = crate::process::spawn_without_signals(|| {
                         std::thread::Builder::new()
                             .name("redlease-connect".into())
                             .stack_size(128 * 1024)
-                            .spawn_scoped(scope, connect_and_send)
+                            .spawn_scoped(scope, connect_and_send(i))
                     });
-                    match thread {
-                        Ok(thread) => Some((i, thread)),
-                        // No thread to spare (the process's limit): this one connects
-                        // here, in turn, before the others are written to.
-                        Err(_) => {
-                            *slot = Slot::Done(self.connect_and_send(
-                                i,
-                                (key, node, deadline),
-                                calls,
-                                how,
-                                claims,
-                            ));
-                            None
-                        }
-                    }
+                    (i, thread.ok())
                 })
                 .collect();
-            let mut outcomes = self.exchange_ready(&nodes, slots, calls, &how);
+            let mut outcomes = self.exchange_ready(nodes, slots, calls, how, claims);
             for (i, thread) in connecting {
-                outcomes[i] = thread.join().unwrap_or_else(|_| {
-                    Err(Error::new(
-                        crate::error::ErrorKind::Internal,
-                        "a connecting thread panicked",
-                    ))
-                });
+                outcomes[i] = match thread {
+                    Some(thread) => thread.join().unwrap_or_else(|_| {
+                        Err(Error::new(
+                            crate::error::ErrorKind::Internal,
+                            "a connecting thread panicked",
+                        ))
+                    }),
+                    None => connect_and_send(i)(),
+                };
             }
             outcomes
         });
@@ -149,14 +141,18 @@ impl Members {
         slots: Vec<Slot<'_>>,
         calls: &[Call],
         how: &Exec<'_>,
+        claims: &Mutex<Claims>,
     ) -> Vec<Result<Vec<Value>>> {
-        let in_flight: Vec<Flight<'_>> = slots
+        let in_flight: Vec<Flight<'_, '_>> = slots
             .into_iter()
             .map(|slot| match slot {
-                Slot::Ready(mut pooled) => match send_calls(pooled.conn(), calls, how) {
-                    Ok(at) => Flight::Sent(pooled, at),
-                    Err(e) => Flight::Done(Err(e)),
-                },
+                Slot::Ready(mut pooled) => {
+                    let sent = with_identity(pooled.conn(), calls);
+                    match send_calls(pooled.conn(), &sent, how) {
+                        Ok(at) => Flight::Sent(pooled, sent, at),
+                        Err(e) => Flight::Done(Err(e)),
+                    }
+                }
                 Slot::Done(outcome) => Flight::Done(outcome),
                 Slot::Connect => Flight::Done(Ok(Vec::new())),
             })
@@ -165,8 +161,9 @@ impl Members {
             .into_iter()
             .enumerate()
             .map(|(i, flight)| match flight {
-                Flight::Sent(mut pooled, at) => {
-                    self.read_replies(i, nodes[i].as_ref(), pooled.conn(), calls, at, how)
+                Flight::Sent(mut pooled, sent, at) => {
+                    let node = nodes[i].as_ref();
+                    self.read_replies(i, node, pooled.conn(), (&sent, at), how, claims)
                 }
                 Flight::Done(outcome) => outcome,
             })
@@ -195,30 +192,40 @@ impl Members {
             )
         })?;
         self.claim(claims, i, pooled.conn())?;
-        let at = send_calls(pooled.conn(), calls, how)?;
-        self.read_replies(i, Some(&node), pooled.conn(), calls, at, how)
+        let sent = with_identity(pooled.conn(), calls);
+        let at = send_calls(pooled.conn(), &sent, how)?;
+        self.read_replies(i, Some(&node), pooled.conn(), (&sent, at), how, claims)
     }
 
-    /// Reads member `i`'s replies; a member that answers `READONLY` (demoted) is forgotten.
+    /// Reads member `i`'s replies to `sent` (written at `at`): with the server's id first
+    /// when the connection asked it (see [`with_identity`]), which is then claimed: a
+    /// member found to be another's server has its replies set aside. A member that answers
+    /// `READONLY` (demoted) is forgotten.
     fn read_replies(
         &self,
         i: usize,
         node: Option<&Arc<Node>>,
         conn: &mut Connection,
-        calls: &[Call],
-        at: Instant,
+        (sent, at): (&Cow<'_, [Call]>, Instant),
         how: &Exec<'_>,
+        claims: &Mutex<Claims>,
     ) -> Result<Vec<Value>> {
-        let replies = finish_calls(conn, calls, at, how)?;
-        if let (Some(node), Some(Value::ServerError(_))) = (node, replies.values.first()) {
+        let mut values = finish_calls(conn, sent, at, how)?.values;
+        // Owned only with `INFO server` ahead of the calls (see with_identity).
+        if matches!(sent, Cow::Owned(_)) && !values.is_empty() {
+            let info = values.remove(0);
+            conn.identified(&info);
+            self.claim(claims, i, conn)?;
+        }
+        if let (Some(node), Some(Value::ServerError(_))) = (node, values.first()) {
             if matches!(
-                Redirect::of(&replies.values[0], &node.addr),
+                Redirect::of(&values[0], &node.addr),
                 Some(Redirect::ReadOnly)
             ) {
                 self.members[i].node_failed(node);
             }
         }
-        Ok(replies.values)
+        Ok(values)
     }
 
     /// Records the server member `i`'s connection reached.
@@ -265,6 +272,9 @@ struct Claims {
     one_server: Option<Error>,
 }
 
+/// The thread of a member that connects during a round.
+type Connecting<'scope> = ScopedJoinHandle<'scope, Result<Vec<Value>>>;
+
 /// A member's connection at the start of a round.
 enum Slot<'a> {
     /// An idle connection, not looked at yet (then looked at).
@@ -275,10 +285,35 @@ enum Slot<'a> {
     Done(Result<Vec<Value>>),
 }
 
-/// A member's request in a round.
-enum Flight<'a> {
-    Sent(Pooled<'a>, Instant),
+/// A member's request in a round: what was written (the round's calls, behind `INFO
+/// server` on a new connection), and when.
+#[allow(clippy::large_enum_variant)] // a few per round, kept in place in one Vec
+enum Flight<'a, 'c> {
+    Sent(Pooled<'a>, Cow<'c, [Call]>, Instant),
     Done(Result<Vec<Value>>),
+}
+
+/// `INFO server`, which asks a server's `run_id`.
+fn info_call() -> &'static Call {
+    static INFO: std::sync::LazyLock<Call> = std::sync::LazyLock::new(|| {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("server");
+        Call::cmd(&cmd)
+    });
+    &INFO
+}
+
+/// `calls`, behind `INFO server` when `conn` is to ask its server's id with its first
+/// request ([`Connection::asks_identity`]): in the same write, so that asking costs no
+/// round trip.
+fn with_identity<'c>(conn: &mut Connection, calls: &'c [Call]) -> Cow<'c, [Call]> {
+    if !conn.asks_identity() {
+        return Cow::Borrowed(calls);
+    }
+    let mut with = Vec::with_capacity(calls.len() + 1);
+    with.push(info_call().clone());
+    with.extend_from_slice(calls);
+    Cow::Owned(with)
 }
 
 /// Looks at the idle connections of a round all at once (one system call rather than one

@@ -161,8 +161,9 @@ impl LockServer for Quorum {
         if let Some(e) = one_server {
             // Refused, so that the mistake is seen, after the round went to the other
             // members: it may have taken the lock there, and the acquire gives it back
-            // (a release round leaves the member out and counts it as not answering).
-            return Err(e.sent());
+            // before it returns, as after any failed attempt of a quorum (a release round
+            // leaves the member out and counts it as not answering).
+            return Err(e);
         }
         let names = self.members.names();
         match quorum::acquire(
