@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod deploy;
+pub mod fake_sentinel;
 pub mod proxy;
 
 use std::net::TcpListener;
