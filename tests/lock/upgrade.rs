@@ -110,10 +110,9 @@ fn fencing_tokens_increase_across_versions_for_a_plain_name() {
     check("upgrade");
 }
 
-/// A name with its own hash tag: since commit 9dfc3cb (after the change) new clients keep
-/// its counter in `redlease:fence:={u}1` while 0.1 clients keep theirs in
-/// `redlease:fence:{u}1`: two counters, so tokens go backwards whenever the version
-/// changes hands.
+/// A name with its own hash tag: both versions keep its counter in 0.1's
+/// `redlease:fence:{u}1` (a counter of its own, `redlease:fence:={u}1`, would make tokens
+/// go backwards whenever the version changes hands).
 #[test]
 fn fencing_tokens_increase_across_versions_for_a_tagged_name() {
     check("{u}1");
