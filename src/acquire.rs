@@ -60,6 +60,16 @@ impl Acquire<'_> {
             bounds,
             replicas: self.replicas.map_or(Duration::ZERO, |r| r.timeout),
             direct: self.kind.hands_over() && self.replicas.is_none(),
+            behind: false,
+        };
+        // The waiters of a deployment that cannot queue them wait in this client's line.
+        let mut place = match self.server.lines() {
+            Some(lines) if self.wait.waits() => Some(lines.join(&self.keys.lock)),
+            _ => None,
+        };
+        let spec = AcquireSpec {
+            behind: place.as_ref().is_some_and(|p| p.behind),
+            ..spec
         };
         let label = self.owner_label.to_owned();
         let tokens = Box::new(move || token::new_token(&label));
@@ -72,6 +82,9 @@ impl Acquire<'_> {
             let action = machine.step(event, Instant::now(), self.watch.cancelled());
             event = match action {
                 Action::Done(result) => {
+                    if let (Some(place), Ok(_)) = (place.as_mut(), &result) {
+                        place.took();
+                    }
                     let result = result.map_err(|e| wrong_kind(e, self.kind, &self.keys.lock));
                     return (result, Ending { started, waited });
                 }
@@ -133,7 +146,10 @@ impl Acquire<'_> {
                 Action::Pause { until } => {
                     waited = true;
                     let left = until.saturating_duration_since(Instant::now());
-                    Event::Paused(connection::pause(left, &self.watch))
+                    Event::Paused(match &place {
+                        Some(place) => place.pause(left, &self.watch),
+                        None => connection::pause(left, &self.watch),
+                    })
                 }
             };
         }

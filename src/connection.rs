@@ -970,6 +970,16 @@ pub(crate) fn pause(duration: Duration, watch: &Watch) -> Result<()> {
     }
 }
 
+/// As [`pause`], but ends early too (with `Ok`) once `fd` is readable (an eventfd another
+/// thread writes to wake this one).
+pub(crate) fn pause_or_ready(duration: Duration, fd: RawFd, watch: &Watch) -> Result<()> {
+    match wait_ready(fd, libc::POLLIN, Instant::now() + duration, watch) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::TimedOut => Ok(()),
+        Err(e) => Err(io_error("waiting")(e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::TcpListener;

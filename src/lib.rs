@@ -52,6 +52,7 @@ mod keys;
 mod kinds;
 mod lane;
 mod lease;
+mod line;
 mod lock;
 mod multi;
 mod options;

@@ -77,6 +77,10 @@ pub(crate) struct AcquireSpec {
     /// every attempt leads its block, and a grant arrives on the waiter's own wake list
     /// (see [`crate::scripts::RELEASE`]).
     pub direct: bool,
+    /// A waiter of a deployment that cannot block came while others of its process waited
+    /// for the name ([`crate::core::line`]): it sleeps for a backoff's delay (or until it
+    /// is woken) before its first attempt.
+    pub behind: bool,
 }
 
 /// A lock taken: its fencing token, the lease the key was given (the ttl, or less for a
@@ -305,6 +309,15 @@ impl AcquireMachine {
     pub fn step(&mut self, event: Event, now: Instant, cancelled: bool) -> Action {
         let phase = std::mem::replace(&mut self.phase, Phase::Done);
         match (phase, event) {
+            (Phase::Start, Event::Start) if self.waits_its_turn() => {
+                if cancelled {
+                    return self.give_up(cancelled_error(), true, now);
+                }
+                let left = self.spec.wait.left(now);
+                let pause = self.backoff.next(left, None, self.grace);
+                self.phase = Phase::BackingOff;
+                Action::Pause { until: now + pause }
+            }
             (Phase::Start, Event::Start) => self.next_attempt(now, cancelled),
             (Phase::Attempting { last, lead, .. }, Event::Attempted(result)) => {
                 if let (true, Err(e)) = (lead, &result) {
@@ -370,6 +383,11 @@ impl AcquireMachine {
     }
 
     /// The top of the loop: the next attempt, plain or after a block.
+    /// A waiter that lets others of its process try first (see [`AcquireSpec::behind`]).
+    fn waits_its_turn(&self) -> bool {
+        self.spec.behind && self.spec.wait.waits() && !self.spec.blocks
+    }
+
     fn next_attempt(&mut self, now: Instant, cancelled: bool) -> Action {
         let wait = self.spec.wait;
         if wait.waits() && cancelled {
@@ -870,6 +888,7 @@ mod tests {
             },
             replicas: Duration::ZERO,
             direct: false,
+            behind: false,
         };
         AcquireMachine::new(spec, t0, tokens, fastrand::Rng::with_seed(1))
     }
@@ -898,6 +917,53 @@ mod tests {
 
     fn unanswered() -> Error {
         Error::new(ErrorKind::Timeout, "no reply").sent()
+    }
+
+    /// A quorum waiter that came behind others of its process sleeps a backoff's delay
+    /// before its first attempt (a wake-up ends that sleep early); one that came first, a
+    /// single attempt and a blocking deployment's waiter try at once.
+    #[test]
+    fn a_quorum_waiter_behind_others_of_its_process_sleeps_before_its_first_attempt() {
+        let t0 = Instant::now();
+        let mut m = machine(Wait::Until(t0 + 10 * S), false, true, 10 * S, t0);
+        m.spec.behind = true;
+        let Action::Pause { until } = m.step(Event::Start, t0, false) else {
+            panic!("a waiter behind others tried at once");
+        };
+        assert!(until > t0 && until <= t0 + 10 * MS, "{:?}", until - t0);
+        // Woken before the pause ran out: it tries then, under its first token.
+        let p = plan(m.step(Event::Paused(Ok(())), t0 + MS, false));
+        assert_eq!((p.token.as_str(), p.mode), ("t1", Mode::Once));
+
+        let cases = [
+            (Wait::Until(t0 + 10 * S), false, false),
+            (Wait::No, false, true),
+            (Wait::Until(t0 + 10 * S), true, true),
+        ];
+        for (wait, blocks, behind) in cases {
+            let mut m = machine(wait, blocks, true, 10 * S, t0);
+            m.spec.behind = behind;
+            assert!(
+                matches!(m.step(Event::Start, t0, false), Action::Attempt(_)),
+                "{wait:?} blocks {blocks} behind {behind}"
+            );
+        }
+
+        // Cancelled before its turn: it ends at once, nothing sent.
+        let mut m = machine(Wait::Forever, false, true, 10 * S, t0);
+        m.spec.behind = true;
+        match m.step(Event::Start, t0, true) {
+            Action::Done(Err(e)) => assert_eq!(e.kind(), ErrorKind::Cancelled),
+            other => panic!("{other:?}"),
+        }
+        // Cancelled while it sleeps: the same.
+        let mut m = machine(Wait::Forever, false, true, 10 * S, t0);
+        m.spec.behind = true;
+        m.step(Event::Start, t0, false);
+        match m.step(Event::Paused(Err(cancelled_error())), t0 + MS, true) {
+            Action::Done(Err(e)) => assert_eq!(e.kind(), ErrorKind::Cancelled),
+            other => panic!("{other:?}"),
+        }
     }
 
     fn plan(action: Action) -> AttemptPlan {

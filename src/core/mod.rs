@@ -13,6 +13,8 @@
 //!   settle, give back, withdraw, back off, give up).
 //! - [`group`]: several mutexes of one server taken all or none, in one script.
 //! - [`lease`]: the clock of a held lock (deadline, cap, renewal schedule, loss).
+//! - [`line`]: a process's waiters for one name in the order they came, where the
+//!   deployment cannot queue them (Redlock).
 //! - [`quorum`]: Redlock's verdicts on a round of answers.
 //! - [`backoff`]: the caller's wait, the waiter's grace, backoff with jitter.
 //! - [`reply`]: the scripts' modes and the meaning of their replies, as types.
@@ -30,6 +32,7 @@ pub(crate) mod acquire;
 pub(crate) mod backoff;
 pub(crate) mod group;
 pub(crate) mod lease;
+pub(crate) mod line;
 pub(crate) mod quorum;
 pub(crate) mod reply;
 pub(crate) mod server_time;

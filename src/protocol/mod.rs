@@ -24,6 +24,7 @@ use crate::core::reply::{Answer, AttemptReply, ExtendReply, GroupReply, Mode, Re
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
+use crate::line::Lines;
 
 /// What a deployment can do beyond a mutex taken, extended and released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +139,12 @@ pub(crate) trait LockServer: Send + Sync {
         withdraw: bool,
         exec: &Exec<'_>,
     ) -> Result<ReleaseReply>;
+
+    /// This client's waiters in line per name, where the deployment cannot queue them
+    /// itself (a quorum: see [`crate::core::line`]); `None` where it can.
+    fn lines(&self) -> Option<&Lines> {
+        None
+    }
 
     /// Queues `item` (a renewal of the lock `key`) in the batch of the node that owns the
     /// key, found by `deadline`. Only when [`Capabilities::batching`]; nothing is sent when

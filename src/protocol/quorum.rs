@@ -6,7 +6,9 @@
 //!   [`calls::member_attempt`]). When it is not granted on a majority in time, the acquire
 //!   gives it back on every member, those that did not answer included (the machine of
 //!   [`crate::core::acquire`] does, within the call's bounds), before it goes on. A waiter
-//!   sleeps between attempts (no wake-up across members) and never repeats a token.
+//!   sleeps between attempts (no wake-up across members) and never repeats a token; the
+//!   waiters of this client for one name wait in a line ([`crate::core::line`]), and a
+//!   release by this client wakes the first of them at once.
 //! - Each member gets much less than the ttl per round: ttl/10, at least 10 ms, at most
 //!   the I/O timeout (the Redis documentation's "5-50 ms for a 10 s ttl" is for a LAN).
 //! - Fencing tokens: none. Each member's counter increases, but the largest token of one
@@ -30,6 +32,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::keys::LockKeys;
 use crate::kinds::Kind;
 use crate::lane::Lane;
+use crate::line::Lines;
 use crate::protocol::{AttemptRequest, Capabilities, Hold, LockServer, Queued, calls};
 use crate::token;
 
@@ -38,6 +41,8 @@ pub(crate) struct Quorum {
     members: Members,
     bounds: Bounds,
     describe: String,
+    /// This client's waiters per name: a release wakes the first at once.
+    lines: Lines,
 }
 
 impl Quorum {
@@ -55,6 +60,7 @@ impl Quorum {
             members: Members::new(members),
             bounds,
             describe,
+            lines: Lines::default(),
         }
     }
 
@@ -244,7 +250,15 @@ impl LockServer for Quorum {
                 reply::release,
             )
             .0;
+        if !withdraw {
+            // Whatever the answers say, the members that deleted the key are free now.
+            self.lines.released(&hold.keys.lock);
+        }
         quorum::release(&hold.keys.lock, &answers, &self.members.names())
+    }
+
+    fn lines(&self) -> Option<&Lines> {
+        Some(&self.lines)
     }
 
     fn queue_renewal(&self, _key: &str, _item: Item, _deadline: Instant) -> Result<Queued> {

@@ -10,6 +10,7 @@ use crate::core::acquire::{AcquireMachine, AcquireSpec};
 use crate::core::backoff::Wait;
 use crate::core::group::GroupMachine;
 use crate::core::lease::{Broken, LeaseClock};
+use crate::core::line::Line;
 use crate::core::server_time::ServerTime;
 use crate::error::Error;
 use crate::keys::LockKeys;
@@ -41,6 +42,9 @@ pub(crate) struct Client {
     pub batch: Batch,
     /// Its estimate of the servers' clock, for fencing tokens.
     pub server_time: ServerTime,
+    /// Its threads waiting for each name, where the deployment cannot queue them
+    /// (Redlock), as the runtime's [`crate::line::Lines`] keeps them.
+    pub lines: std::collections::HashMap<usize, Line<TaskId>>,
 }
 
 /// A client's renewal batcher: renewals queued for the next batch, and the batches in
@@ -276,6 +280,10 @@ pub(crate) struct Acquiring {
     pub replicas: Option<Replicas>,
     /// The lock over several names this acquire takes one name of, alone.
     pub group: Option<Box<Grouping>>,
+    /// In its client's line for the name, and woken by a release while it was not
+    /// sleeping: its next pause ends at once (as the runtime's eventfd, left readable,
+    /// ends it).
+    pub woken: bool,
 }
 
 /// What an acquire's machine waits for.
@@ -390,6 +398,7 @@ impl Client {
             blocking: 0,
             batch: Batch::default(),
             server_time: ServerTime::default(),
+            lines: std::collections::HashMap::new(),
         }
     }
 

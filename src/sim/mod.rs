@@ -75,6 +75,8 @@ pub(crate) struct Ran {
     pub took: config::Micros,
     /// How often the run-down paths of locks over several names ran.
     pub keeps: check::Keeps,
+    /// How often the paths of Redlock's waiting line ran.
+    pub lines: world::LinePaths,
     /// The trace, when asked for (empty otherwise).
     pub trace: String,
 }
@@ -87,6 +89,7 @@ pub(crate) fn run(seed: u64, traced: bool) -> Result<Ran, String> {
             ops: world.check.ops,
             took: world.now,
             keeps: world.check.keeps,
+            lines: world.line_paths,
             trace: if traced {
                 world.trace.render()
             } else {
@@ -127,13 +130,23 @@ mod tests {
     #[test]
     fn every_fixed_seed_keeps_every_promise() {
         let started = std::time::Instant::now();
-        let mut ops = 0;
+        let (mut ops, mut lines) = (0, world::LinePaths::default());
         for seed in 0..FIXED_SEEDS {
-            ops += check_seed(seed).ops;
+            let ran = check_seed(seed);
+            ops += ran.ops;
+            lines.behind += ran.lines.behind;
+            lines.woken += ran.lines.woken;
+            lines.passed += ran.lines.passed;
         }
         eprintln!(
-            "{FIXED_SEEDS} seeds, {ops} lock operations, in {:?}",
+            "{FIXED_SEEDS} seeds, {ops} lock operations, Redlock's line {lines:?}, in {:?}",
             started.elapsed()
+        );
+        // Redlock waiters queued behind others of their process, were woken by a release,
+        // and passed a wake-up on.
+        assert!(
+            lines.behind > 0 && lines.woken > 0 && lines.passed > 0,
+            "{lines:?}"
         );
     }
 

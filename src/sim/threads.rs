@@ -27,6 +27,7 @@ use crate::core::lease::{
     self as lease_clock, ExtendOutcome, ExtendVerdict, LeaseClock, LostReason, NotReleased,
     RenewalStep,
 };
+use crate::core::line::Line;
 use crate::core::quorum::{self, AcquireVerdict};
 use crate::core::reply::{self, Adopted, Answer, AttemptReply, ExtendReply, ReleaseReply};
 use crate::error::{Error, ErrorKind, Result};
@@ -199,6 +200,14 @@ impl World {
             count: 1,
             timeout: Duration::from_millis(self.rng.u64(20..=300)),
         });
+        // A Redlock waiter joins its client's line for the name, as the runtime's does.
+        let behind = self.in_line(wait)
+            && self.clients[client]
+                .lines
+                .entry(name)
+                .or_default()
+                .join(task);
+        self.line_paths.behind += u64::from(behind);
         let spec = AcquireSpec {
             key: self.cfg.names[name].name.clone(),
             ttl,
@@ -208,6 +217,7 @@ impl World {
             bounds: self.bounds(),
             replicas: wait_time(replicas),
             direct: kind.hands_over() && replicas.is_none(),
+            behind,
         };
         let stream = self.rng.u64(..) % 1_000_000;
         let seed = self.rng.u64(..);
@@ -234,6 +244,7 @@ impl World {
             cancelled: false,
             replicas,
             group: None,
+            woken: false,
         });
         self.step(client, task, acq, Event::Start);
     }
@@ -382,11 +393,34 @@ impl World {
             }
             Action::Pause { until } => {
                 acq.pending = Pending::Sleep;
-                let at = self.virtual_at(client, until);
+                let at = if std::mem::take(&mut acq.woken) {
+                    self.now
+                } else {
+                    self.virtual_at(client, until)
+                };
                 self.at(at, WorldEvent::Wake { client, task });
             }
         }
         *self.op(client, task) = Op::Acquiring(acq);
+    }
+
+    /// Whether an acquire that waits so joins its client's line (Redlock waiters do).
+    fn in_line(&self, wait: Wait) -> bool {
+        self.redlock() && wait.waits()
+    }
+
+    /// Wakes `task`, in its client's line: a pause it sleeps ends now, or its next pause
+    /// does.
+    fn wake_in_line(&mut self, client: usize, task: TaskId) {
+        self.trace
+            .line(self.now, || format!("c{client}/t{task} woken in line"));
+        if let Op::Acquiring(acq) = self.op(client, task) {
+            if matches!(acq.pending, Pending::Sleep) {
+                self.at(self.now, WorldEvent::Wake { client, task });
+            } else {
+                acq.woken = true;
+            }
+        }
     }
 
     /// The release script's call for `token` of `kind` on `keys` (a withdrawal of a waiter
@@ -963,6 +997,14 @@ impl World {
         mut acq: Box<Acquiring>,
         result: Result<Acquired>,
     ) {
+        if acq.group.is_none() && self.in_line(acq.spec.wait) {
+            let line = self.clients[client].lines.entry(acq.name).or_default();
+            let next = line.leave(task, result.is_ok());
+            if let Some(next) = next {
+                self.line_paths.passed += 1;
+                self.wake_in_line(client, next);
+            }
+        }
         let now = self.local(client);
         let took = now.saturating_duration_since(acq.started);
         let paused = self.clients[client].pauses != acq.pauses;
@@ -1385,6 +1427,17 @@ impl World {
         });
         let (name, kind, token, granted_at) =
             (l.name, l.kind.clone(), l.token.clone(), l.granted_at);
+        if self.redlock() {
+            // The first of the client's waiters for the name tries now.
+            let first = self.clients[client]
+                .lines
+                .get_mut(&name)
+                .and_then(Line::released);
+            if let Some(first) = first {
+                self.line_paths.woken += 1;
+                self.wake_in_line(client, first);
+            }
+        }
         let exempt = self.redlock() || self.data_lost_at.iter().any(|t| *t >= granted_at);
         let paused = self.clients[client].pauses != pauses;
         let at = ran_at.unwrap_or(self.now);

@@ -154,6 +154,9 @@ pub(crate) struct World {
     /// Threads take several mutexes at once in this run (see [`World::new`]).
     pub(crate) groups: bool,
     pub(crate) group_rng: fastrand::Rng,
+    /// How often Redlock waiters joined their client's line behind others, were woken by
+    /// a release, and had a wake-up passed on to them.
+    pub(crate) line_paths: LinePaths,
     /// Events of paused clients, in the order they happened.
     deferred: Vec<Vec<Event>>,
     /// The instant virtual time 0 stands for.
@@ -187,6 +190,14 @@ pub(crate) fn groups_of(seed: u64, cfg: &Config) -> (bool, fastrand::Rng) {
 
 /// How often the world considers faults of its own.
 const TICK: Micros = 10_000;
+
+/// See [`World::line_paths`].
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LinePaths {
+    pub behind: u64,
+    pub woken: u64,
+    pub passed: u64,
+}
 
 impl World {
     /// The world of `seed`, its trace kept when `traced`.
@@ -269,6 +280,7 @@ impl World {
             adopt_rng,
             groups,
             group_rng,
+            line_paths: LinePaths::default(),
             deferred,
             base: Instant::now(),
             trace,

@@ -192,6 +192,7 @@ impl World {
             bounds: self.bounds(),
             replicas: Duration::ZERO,
             direct: true,
+            behind: false,
         };
         let stream = self.group_rng.u64(..) % 1_000_000;
         let seed = self.group_rng.u64(..);
@@ -216,6 +217,7 @@ impl World {
             cancelled,
             replicas: None,
             group: Some(group),
+            woken: false,
         });
         self.step(client, task, acq, Event::Start);
     }
