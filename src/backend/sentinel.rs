@@ -17,7 +17,8 @@
 //! as it is.
 //!
 //! The data nodes are logged in to with the URL's user and password; the Sentinels with
-//! the `sentinel_user` / `sentinel_pass` query parameters (none by default).
+//! the `sentinel_user` / `sentinel_pass` query parameters (none by default). One connection
+//! to each Sentinel is kept between questions.
 
 use std::time::{Duration, Instant};
 
@@ -28,8 +29,10 @@ use crate::backend::exec::{Exec, Replies};
 use crate::backend::node::{Node, NodeFactory};
 use crate::backend::redirect::{self, Redirect, Route};
 use crate::backend::wire::{reply, run_calls};
+use crate::connection::Connection;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lane::Lane;
+use crate::process;
 use crate::sync::atomic::{AtomicUsize, Ordering};
 use crate::sync::{self, Arc, Mutex, MutexGuard};
 use crate::url::{Addr, Login};
@@ -52,6 +55,11 @@ pub(crate) struct Sentinel {
     /// Which Sentinel to ask first: discovery sets it to the one that answered, and each
     /// recheck moves it on by one.
     first: AtomicUsize,
+    /// A connection to each Sentinel (by index), kept for the next question: a Sentinel
+    /// is asked every [`RECHECK`] while locks are used, and a connection each time would
+    /// cost a connect and a login. Taken out while in use; one that failed, timed out
+    /// with its reply unread, or belongs to the parent of a forked child is not kept.
+    kept: Vec<Mutex<Option<(u64, Connection)>>>,
 }
 
 impl Sentinel {
@@ -62,7 +70,9 @@ impl Sentinel {
         sentinel_login: Login,
         io_timeout: Duration,
     ) -> Self {
+        let kept = sentinels.iter().map(|_| Mutex::new(None)).collect();
         Sentinel {
+            kept,
             factory,
             sentinels,
             master,
@@ -163,7 +173,7 @@ impl Sentinel {
             if Instant::now() >= by {
                 break;
             }
-            let Ok(Some(addr)) = self.ask(&self.sentinels[(start + i) % n], by) else {
+            let Ok(Some(addr)) = self.ask((start + i) % n, by) else {
                 continue;
             };
             if addr == node.addr {
@@ -224,7 +234,7 @@ impl Sentinel {
             }
             let index = (start + i) % n;
             let sentinel = &self.sentinels[index];
-            match self.ask(sentinel, deadline) {
+            match self.ask(index, deadline) {
                 Ok(Some(addr)) => match self.is_primary(&addr, deadline) {
                     Ok(true) => {
                         self.first.store(index, Ordering::Relaxed);
@@ -253,11 +263,28 @@ impl Sentinel {
         ))
     }
 
-    /// One Sentinel's answer: the primary's address, or `None` when it does not know it.
-    fn ask(&self, sentinel: &Addr, deadline: Instant) -> Result<Option<Addr>> {
+    /// Sentinel `index`'s answer: the primary's address, or `None` when it does not know
+    /// it. Asked on the connection kept for it, or a new one.
+    fn ask(&self, index: usize, deadline: Instant) -> Result<Option<Addr>> {
         let mut cmd = redis::cmd("SENTINEL");
         cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.master);
-        let value = self.one_off(sentinel, &self.sentinel_login, &cmd, deadline)?;
+        let generation = process::generation();
+        let kept = sync::lock(&self.kept[index])
+            .take()
+            .filter(|(of, _)| *of == generation)
+            .map(|(_, conn)| conn)
+            .and_then(|mut conn| conn.is_usable().then_some(conn));
+        let mut conn = match kept {
+            Some(conn) => conn,
+            None => self
+                .factory
+                .connector(&self.sentinels[index], &self.sentinel_login)
+                .connect(deadline)?,
+        };
+        let how = Exec::new(Lane::Urgent, self.io_timeout).cutoff(Some(deadline));
+        let replies = run_calls(&mut conn, &[Call::cmd(&cmd)], &how)?;
+        let value = replies.values.into_iter().next().unwrap_or(Value::Nil);
+        *sync::lock(&self.kept[index]) = Some((generation, conn));
         match reply::<Option<(String, u16)>>(value)? {
             Some((host, port)) => Ok(Some(Addr::Tcp { host, port })),
             None => Ok(None),
@@ -296,6 +323,9 @@ impl Sentinel {
     pub fn close_idle(&self) {
         if let Some((node, _)) = self.primary().as_ref() {
             node.close_idle();
+        }
+        for kept in &self.kept {
+            sync::lock(kept).take();
         }
     }
 }

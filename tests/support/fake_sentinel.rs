@@ -14,7 +14,7 @@
 //!   `PING` with `+PONG`; `AUTH`, `SELECT` and `CLIENT ...` with `+OK` (the library sends
 //!   `AUTH` and `SELECT` only when its URL asks for them); any other command with an error.
 //! - [`FakeSentinel::asked`] counts the `GET-MASTER-ADDR-BY-NAME` requests received,
-//!   answered or not.
+//!   answered or not; [`FakeSentinel::connections`] the connections accepted.
 //! - Drop stops accepting, closes the listener and every connection, and joins every thread.
 //!
 //! Limitations: requests must be RESP arrays (what clients send, not inline commands); a
@@ -55,6 +55,7 @@ struct Shared {
     master: String,
     answer: Mutex<Answer>,
     asked: AtomicU64,
+    accepted: AtomicU64,
     stop: AtomicBool,
     /// Every connection not known to be finished: a handle on its socket (to close it on
     /// drop) and its thread.
@@ -78,6 +79,7 @@ impl FakeSentinel {
             master: master.to_owned(),
             answer: Mutex::new(primary(primary_port)),
             asked: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
         });
@@ -118,6 +120,11 @@ impl FakeSentinel {
     pub fn asked(&self) -> u64 {
         self.shared.asked.load(SeqCst)
     }
+
+    /// How many connections it accepted.
+    pub fn connections(&self) -> u64 {
+        self.shared.accepted.load(SeqCst)
+    }
 }
 
 fn primary(port: u16) -> Answer {
@@ -148,6 +155,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
             std::thread::sleep(POLL);
             continue;
         };
+        shared.accepted.fetch_add(1, SeqCst);
         let Ok(socket) = stream.try_clone() else {
             continue;
         };

@@ -376,3 +376,56 @@ fn a_stale_sentinel_listed_first_does_not_keep_the_client_on_the_old_primary() {
         || rig.fakes[0].asked() > asked,
     );
 }
+
+/// Sentinel: the client asks its Sentinels again every second while it takes locks, on one
+/// connection to each that it keeps, not on a new connection (a connect and a login) per
+/// question; one a Sentinel closed is replaced.
+#[test]
+fn rechecks_ask_each_sentinel_on_a_connection_kept_for_it() {
+    let rig = MajorityRig::start();
+    let asked = |rig: &MajorityRig| rig.fakes.iter().map(FakeSentinel::asked).sum::<u64>();
+    let connections =
+        |rig: &MajorityRig| rig.fakes.iter().map(FakeSentinel::connections).sum::<u64>();
+    let start = Instant::now();
+    while asked(&rig) < 4 {
+        assert_eq!(rig.acquire(), On::A);
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "only {} questions in 15 s",
+            asked(&rig)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        connections(&rig) <= 3,
+        "{} questions on {} connections",
+        asked(&rig),
+        connections(&rig)
+    );
+    // Every Sentinel hangs up on its next question, then answers again: the client opens
+    // a new connection to each, once.
+    for fake in &rig.fakes {
+        fake.answer(Answer::HangUp);
+    }
+    let hung_up = asked(&rig);
+    while asked(&rig) < hung_up + 3 {
+        assert_eq!(rig.acquire(), On::A);
+        assert!(start.elapsed() < Duration::from_secs(30), "no recheck");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for fake in &rig.fakes {
+        fake.name(rig.a.port);
+    }
+    let before = (asked(&rig), connections(&rig));
+    while asked(&rig) < before.0 + 4 {
+        assert_eq!(rig.acquire(), On::A);
+        assert!(start.elapsed() < Duration::from_secs(45), "no recheck");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        connections(&rig) <= before.1 + 3,
+        "{} questions on {} new connections after the hang-ups",
+        asked(&rig) - before.0,
+        connections(&rig) - before.1
+    );
+}
