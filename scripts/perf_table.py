@@ -134,6 +134,7 @@ def main():
     w2 = lambda ms: workload(f"W2 contended, 8 threads, {ms} ms")  # noqa: E731
     w2c = lambda ms: workload(f"W2 contended, 8 threads, {ms} ms", cluster=True)  # noqa: E731
     w2py = workload("W2 from Python threads")
+    w2r = lambda n, ms: workload(f"W2 Redlock {n}, 8 threads, {ms} ms")  # noqa: E731
     sem = lambda ms: ends("semaphore", ms)  # noqa: E731
     rw = lambda ms: ends("read-write", ms)  # noqa: E731
     w3 = lambda n: workload("W3 renewal", locks=n)  # noqa: E731
@@ -162,6 +163,12 @@ def main():
         ("W2 1 ms, acquisitions/s ÷ floor's", w2(1), "acquisitions_ratio_to_floor", "{:.2f}"),
         ("W2 1 ms, fairness", w2(1), "redlease.fairness_min_over_max", "{:.3f}"),
         ("W2 Python 0 ms, acquisitions/s", w2py, "acquisitions_per_s", "{:.0f}"),
+        ("W2 Redlock 3 / 5, 0 ms, acquisitions/s ÷ N-node floor's", w2r(3, 0), "acquisitions_ratio_to_nodes_floor", "{:.2f}"),
+        ("", w2r(5, 0), "acquisitions_ratio_to_nodes_floor", "{:.2f}"),
+        ("W2 Redlock 3 / 5, 0 ms, fairness", w2r(3, 0), "redlease.fairness_min_over_max", "{:.2f}"),
+        ("", w2r(5, 0), "redlease.fairness_min_over_max", "{:.2f}"),
+        ("W2 Redlock 3 / 5, 1 ms, acquisitions/s ÷ N-node floor's", w2r(3, 1), "acquisitions_ratio_to_nodes_floor", "{:.2f}"),
+        ("", w2r(5, 1), "acquisitions_ratio_to_nodes_floor", "{:.2f}"),
         ("Semaphore 0 ms, acquisitions/s ÷ floor's", sem(0), "acquisitions_ratio_to_floor", "{:.2f}"),
         ("Semaphore 1 ms, acquisitions/s ÷ floor's", sem(1), "acquisitions_ratio_to_floor", "{:.2f}"),
         ("Read-write 0 ms, acquisitions/s ÷ floor's", rw(0), "acquisitions_ratio_to_floor", "{:.2f}"),

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use redlease::Client;
+use redlease::{Client, ClientOptions};
 
 use crate::report::{Json, Spread, percentile};
 use crate::w1::{RELEASE_LUA, floor_us};
-use crate::{Bench, TAG, cpu_seconds, python};
+use crate::{Bench, TAG, cpu_seconds, python, support};
 
 /// The figures of one contended run.
 #[derive(Clone, Copy)]
@@ -41,6 +41,23 @@ impl Reps {
 
     pub(crate) fn spread(&self, f: fn(&Contended) -> f64) -> Spread {
         Spread::of(&self.0.iter().map(f).collect::<Vec<_>>())
+    }
+
+    /// The figures measured in this process (no server's counters).
+    pub(crate) fn client_json(&self) -> Json {
+        Json::default()
+            .spread("acquisitions_per_s", self.spread(|c| c.per_sec))
+            .spread("fairness_min_over_max", self.spread(|c| c.fairness))
+            .spread("handoff_p50_us", self.spread(|c| c.p50_us))
+            .spread("handoff_p99_us", self.spread(|c| c.p99_us))
+            .spread(
+                "client_cpu_us_per_acquisition",
+                self.spread(|c| c.client_cpu_us),
+            )
+            .int(
+                "max_holders_at_once",
+                self.0.iter().map(|c| c.max_holders).max().unwrap_or(0) as u64,
+            )
     }
 
     pub(crate) fn json(&self) -> Json {
@@ -408,7 +425,122 @@ fn ours(bench: &Bench, client: &Client, cs: Duration) -> Contended {
     })
 }
 
+/// The N-node W2 floor for Redlock: threads polling every 1 ms with `SET NX PX` written to
+/// every member before any reply is read; a majority holds the lock (released on every
+/// member that granted it), a minority is given back at once.
+fn nodes_floor(bench: &Bench, urls: &[String], cs: Duration) -> Contended {
+    let script = redis::Script::new(RELEASE_LUA);
+    let sha = script.get_hash().to_owned();
+    let key = format!("{TAG}:w2nodesfloor");
+    contend(bench, bench.cfg.threads, cs, |i| {
+        let mut conns: Vec<redis::Connection> = urls
+            .iter()
+            .map(|u| {
+                let mut conn = redis::Client::open(u.as_str())
+                    .and_then(|c| c.get_connection())
+                    .unwrap_or_else(|e| panic!("connect to {u}: {e}"));
+                let _: String = script.prepare_invoke().load(&mut conn).expect("load");
+                conn
+            })
+            .collect();
+        let token = format!("tok-{i}");
+        let set = redis::cmd("SET")
+            .arg(&key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(30000)
+            .get_packed_command();
+        let del = redis::cmd("EVALSHA")
+            .arg(&sha)
+            .arg(1)
+            .arg(&key)
+            .arg(&token)
+            .get_packed_command();
+        let majority = conns.len() / 2 + 1;
+        move |acquired: &mut dyn FnMut()| loop {
+            for conn in &mut conns {
+                conn.send_packed_command(&set).expect("send SET");
+            }
+            let granted: Vec<bool> = conns
+                .iter_mut()
+                .map(|conn| !matches!(conn.recv_response().expect("SET"), redis::Value::Nil))
+                .collect();
+            let won = granted.iter().filter(|g| **g).count() >= majority;
+            if won {
+                acquired();
+            }
+            let holding: Vec<usize> = (0..conns.len()).filter(|m| granted[*m]).collect();
+            for m in &holding {
+                conns[*m].send_packed_command(&del).expect("send release");
+            }
+            for m in &holding {
+                let _ = conns[*m].recv_response().expect("release");
+            }
+            if won {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+}
+
+/// W2 over Redlock with 3 and 5 members (against local servers only): the library's
+/// Redlock client beside the N-node floor, in alternating reps. The servers' counters are
+/// not read (the figures are this process's).
+fn run_redlock(bench: &Bench) {
+    if bench.cfg.url.is_some() || bench.cfg.cluster {
+        return;
+    }
+    let most = bench.cfg.redlock.iter().copied().max().unwrap_or(0);
+    let primaries: Vec<support::RedisServer> =
+        (0..most).map(|_| support::RedisServer::start()).collect();
+    for &n in &bench.cfg.redlock {
+        let urls: Vec<String> = primaries[..n].iter().map(|s| s.url()).collect();
+        let borrowed: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let client = Client::redlock(&borrowed, ClientOptions::default()).expect("redlock");
+        let name = format!("{TAG}:w2redlock");
+        for &cs_ms in &bench.cfg.cs_ms {
+            let cs = Duration::from_millis(cs_ms);
+            let (floors, mine, ratios) = alternate(
+                bench.cfg.reps,
+                || nodes_floor(bench, &urls, cs),
+                || {
+                    contend(bench, bench.cfg.threads, cs, |_| {
+                        let (client, name) = (client.clone(), name.clone());
+                        move |acquired: &mut dyn FnMut()| {
+                            let guard = client.lock(&name).acquire().expect("acquire");
+                            acquired();
+                            guard.release().expect("release");
+                        }
+                    })
+                },
+            );
+            println!(
+                "{}",
+                Json::default()
+                    .str(
+                        "workload",
+                        &format!(
+                            "W2 Redlock {n}, {} threads, {cs_ms} ms critical section",
+                            bench.cfg.threads
+                        )
+                    )
+                    .obj("nodes_floor_polling_1ms", floors.client_json())
+                    .obj("redlease", mine.client_json())
+                    .spread("acquisitions_ratio_to_nodes_floor", Spread::of(&ratios))
+                    .render()
+            );
+        }
+    }
+}
+
 pub(crate) fn run(bench: &Bench) {
+    run_single(bench);
+    run_redlock(bench);
+}
+
+fn run_single(bench: &Bench) {
     let client = Client::open(&bench.url).expect("client");
     // Half the floor's W1 cycle: about one round trip.
     let round_trip = floor_us(bench) / 2.0;
