@@ -2,7 +2,8 @@
 //! the wake-ups they decide.
 //!
 //! A waiter in a line sleeps its pauses in `poll(2)` on an eventfd of its thread (made
-//! once per thread, kept for its life), beside the cancellation eventfd; a release of the
+//! once per thread and process, kept for the thread's life), beside the cancellation
+//! eventfd; a release of the
 //! client writes to the eventfd of the waiter the line names. Without an eventfd (the OS
 //! refused one) the waiter is never woken early and only polls, as it would without the
 //! line.
@@ -174,10 +175,26 @@ impl Waker {
 }
 
 thread_local! {
-    /// This thread's waker, made on its first wait in a line.
-    static WAKER: Option<Arc<Waker>> = Waker::new().map(Arc::new);
+    /// This thread's waker, made on its first wait in a line, and the process generation
+    /// it was made in (a forked child shares its parent's eventfd: it makes its own).
+    static WAKER: std::cell::RefCell<Option<(u64, Arc<Waker>)>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 fn thread_waker() -> Option<Arc<Waker>> {
-    WAKER.try_with(Clone::clone).ok().flatten()
+    let generation = process::generation();
+    WAKER
+        .try_with(|cell| {
+            let mut cell = cell.borrow_mut();
+            match cell.as_ref() {
+                Some((of, waker)) if *of == generation => Some(waker.clone()),
+                _ => {
+                    let waker = Arc::new(Waker::new()?);
+                    *cell = Some((generation, waker.clone()));
+                    Some(waker)
+                }
+            }
+        })
+        .ok()
+        .flatten()
 }
